@@ -1,0 +1,17 @@
+"""Shared test settings: small, deterministic, CPU-friendly."""
+
+import os
+
+# Keep XLA from grabbing every core per test process and from preallocating.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "posenc",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,  # same examples every run: CI failures reproduce locally
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("posenc")
