@@ -1,0 +1,287 @@
+"""Normalization functions: LayerNorm, RMSNorm, ScaleNorm, DyT, L2, soft-capping.
+
+All functions normalise over the last axis of ``x`` (any leading shape),
+compute statistics in float32 and return an array of ``x.dtype``.
+
+Where the gain is applied: in float32, *before* the cast back to ``x.dtype``
+(Gemma style: ``(normed * (1 + w)).astype(x.dtype)``). Llama casts the
+normalised activations to the input dtype first and multiplies by the gain
+afterwards; in bf16 the two orders are not bit-identical. Parameters (gain,
+bias) are read in float32 whatever their storage dtype.
+
+``normalize(kind, x, params)`` and ``init_params(kind, dim)`` dispatch on the
+names in ``posenc.registry.NORM_KINDS`` so that a model can build any norm
+from a config string.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from posenc import registry
+
+_F32 = jnp.float32
+
+
+def _check_eps(eps, name: str = "eps") -> None:
+    # Only concrete values are checked; a traced eps is the caller's business.
+    if isinstance(eps, jax.core.Tracer):
+        return
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number; got {eps!r}") from None
+    if not (value > 0.0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0; got {eps!r}")
+
+
+def _check_vector(name: str, p, x) -> None:
+    """``p`` must be a vector of length ``x.shape[-1]`` (shapes are static)."""
+    shape = tuple(jnp.shape(p))
+    if shape != (x.shape[-1],):
+        raise ValueError(
+            f"{name} shape {shape} does not match the last axis of x with shape "
+            f"{tuple(x.shape)}; expected {(x.shape[-1],)}"
+        )
+
+
+def _check_scalar(name: str, p) -> None:
+    shape = tuple(jnp.shape(p))
+    if shape != ():
+        raise ValueError(f"{name} must be a scalar (shape ()); got shape {shape}")
+
+
+def layer_norm(x, scale, bias=None, *, eps=1e-6):
+    """Layer normalisation over the last axis (Ba et al. 2016).
+
+    ``y = (x - mean) * rsqrt(var + eps) * scale [+ bias]`` with the biased
+    (1/D) variance, computed two-pass in float32 so that a large mean does
+    not cancel the variance.
+
+    Args:
+      x: ``[..., D]``, any float dtype.
+      scale: ``[D]`` gain.
+      bias: ``[D]`` or None (no bias).
+      eps: > 0, added to the variance.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    _check_eps(eps)
+    _check_vector("scale", scale, x)
+    if bias is not None:
+        _check_vector("bias", bias, x)
+    x32 = x.astype(_F32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    centered = x32 - mean
+    var = jnp.mean(jnp.square(centered), axis=-1, keepdims=True)
+    y = centered * jax.lax.rsqrt(var + eps) * jnp.asarray(scale, _F32)
+    if bias is not None:
+        y = y + jnp.asarray(bias, _F32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x, scale, *, eps=1e-6, unit_offset=False):
+    """Root-mean-square normalisation over the last axis (Zhang & Sennrich 2019).
+
+    ``y = x * rsqrt(mean(x^2) + eps) * g`` with ``g = scale``, or
+    ``g = 1 + scale`` when ``unit_offset`` (Gemma parameterisation, ``scale``
+    initialised to 0). The gain is applied in float32 before the cast back.
+
+    Args:
+      x: ``[..., D]``.
+      scale: ``[D]``.
+      eps: > 0, added to the mean square.
+      unit_offset: use the gain ``1 + scale``.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    _check_eps(eps)
+    _check_vector("scale", scale, x)
+    x32 = x.astype(_F32)
+    ms = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    gain = jnp.asarray(scale, _F32)
+    if unit_offset:
+        gain = 1.0 + gain
+    return (x32 * jax.lax.rsqrt(ms + eps) * gain).astype(x.dtype)
+
+
+def _safe_inv_norm(x32, eps):
+    # 1 / max(||x||, eps) written as rsqrt(max(sum x^2, eps^2)): the gradient
+    # of sqrt at 0 is infinite, while max() routes it to the eps^2 constant,
+    # so gradients stay finite at x = 0.
+    sq = jnp.sum(jnp.square(x32), axis=-1, keepdims=True)
+    return jax.lax.rsqrt(jnp.maximum(sq, eps * eps))
+
+
+def scale_norm(x, gain, *, eps=1e-5):
+    """ScaleNorm (Nguyen & Salazar 2019): ``g * x / max(||x||_2, eps)``.
+
+    One learned scalar ``g`` (initialised to ``sqrt(D)``) replaces the
+    per-feature gain.
+
+    Args:
+      x: ``[..., D]``.
+      gain: scalar.
+      eps: > 0, lower bound on the norm.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    _check_eps(eps)
+    _check_scalar("gain", gain)
+    x32 = x.astype(_F32)
+    return (jnp.asarray(gain, _F32) * x32 * _safe_inv_norm(x32, eps)).astype(x.dtype)
+
+
+def l2_normalize(x, *, eps=1e-6):
+    """Unit-norm rows: ``x / max(||x||_2, eps)`` over the last axis.
+
+    Used by cosine attention / L2 QK-norm. ``x = 0`` maps to 0 with finite
+    gradients.
+
+    Args:
+      x: ``[..., D]``.
+      eps: > 0, lower bound on the norm.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    _check_eps(eps)
+    x32 = x.astype(_F32)
+    return (x32 * _safe_inv_norm(x32, eps)).astype(x.dtype)
+
+
+def dyt(x, alpha, gamma, beta=None):
+    """Dynamic Tanh (Zhu et al. 2025): ``gamma * tanh(alpha * x) + beta``.
+
+    A normalisation-free replacement for LayerNorm; ``alpha`` is a learned
+    scalar (init 0.5), ``gamma`` ones, ``beta`` zeros.
+
+    Args:
+      x: ``[..., D]``.
+      alpha: scalar.
+      gamma: ``[D]``.
+      beta: ``[D]`` or None.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    _check_scalar("alpha", alpha)
+    _check_vector("gamma", gamma, x)
+    if beta is not None:
+        _check_vector("beta", beta, x)
+    y = jnp.asarray(gamma, _F32) * jnp.tanh(jnp.asarray(alpha, _F32) * x.astype(_F32))
+    if beta is not None:
+        y = y + jnp.asarray(beta, _F32)
+    return y.astype(x.dtype)
+
+
+def softcap(x, cap):
+    """Logit soft-capping (Gemma 2): ``cap * tanh(x / cap)``.
+
+    Smoothly bounds ``x`` to ``(-cap, cap)``; Gemma 2 uses 50 on attention
+    logits (before the mask) and 30 on the final logits. Computed in float32.
+
+    Args:
+      x: any shape.
+      cap: concrete number > 0.
+    Returns:
+      like ``x`` (same shape and dtype).
+    """
+    if isinstance(cap, jax.core.Tracer):
+        raise ValueError("cap must be a concrete number > 0, not a traced value")
+    try:
+        c = float(cap)
+    except (TypeError, ValueError):
+        raise ValueError(f"cap must be a number > 0; got {cap!r}") from None
+    if not (c > 0.0 and math.isfinite(c)):
+        raise ValueError(f"cap must be a finite number > 0; got {cap!r}")
+    x = jnp.asarray(x)
+    return (c * jnp.tanh(x.astype(_F32) / c)).astype(x.dtype)
+
+
+def deepnorm_constants(num_layers):
+    """DeepNorm residual and init constants (Wang et al. 2022), decoder-only.
+
+    ``x = LN(alpha * x + F(x))`` with ``alpha = (2N)^(1/4)``; the value,
+    output and MLP matrices are initialised xavier-normal with gain
+    ``beta = (8N)^(-1/4)`` (q/k projections gain 1). ``N`` is the number of
+    decoder layers. N = 12: (2.2134, 0.3195); N = 6: (1.8612, 0.3799).
+
+    Returns:
+      ``(alpha, beta)`` as Python floats.
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1; got {num_layers!r}")
+    return (2.0 * num_layers) ** 0.25, (8.0 * num_layers) ** -0.25
+
+
+# ---------------------------------------------------------------------------
+# Dispatch by registry name.
+
+# kind -> (required param names, fn(x, params, eps) -> y). eps=None means the
+# function's own default.
+def _kw(eps):
+    return {} if eps is None else {"eps": eps}
+
+
+_NORMS = {
+    "layer": (("bias", "scale"), lambda x, p, e: layer_norm(x, p["scale"], p["bias"], **_kw(e))),
+    "layer_nobias": (("scale",), lambda x, p, e: layer_norm(x, p["scale"], **_kw(e))),
+    "rms": (("scale",), lambda x, p, e: rms_norm(x, p["scale"], **_kw(e))),
+    "rms_offset": (
+        ("scale",),
+        lambda x, p, e: rms_norm(x, p["scale"], unit_offset=True, **_kw(e)),
+    ),
+    "scale": (("gain",), lambda x, p, e: scale_norm(x, p["gain"], **_kw(e))),
+    # DyT has no eps; a given eps is ignored so one config drives every kind.
+    "dyt": (("alpha", "beta", "gamma"), lambda x, p, e: dyt(x, p["alpha"], p["gamma"], p["beta"])),
+    "none": ((), lambda x, p, e: x),
+}
+
+
+def normalize(kind, x, params, *, eps=None):
+    """Apply the norm named ``kind`` (``posenc.registry.NORM_KINDS``).
+
+    Args:
+      kind: one of layer, layer_nobias, rms, rms_offset, scale, dyt, none.
+      x: ``[..., D]``.
+      params: dict as returned by :func:`init_params` (same keys).
+      eps: > 0, or None for each function's default (1e-6; ScaleNorm 1e-5).
+        DyT and none take no eps and ignore it.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    registry.check_norm_kind(kind)
+    names, fn = _NORMS[kind]
+    got = tuple(sorted(params))
+    if got != names:
+        raise ValueError(
+            f"norm kind {kind!r} expects params with keys ({', '.join(names)}); "
+            f"got ({', '.join(got)})"
+        )
+    if eps is not None:
+        _check_eps(eps)
+    return fn(x, params, eps)
+
+
+def init_params(kind, dim, *, dyt_alpha=0.5):
+    """Standard initial parameters (float32) of the norm named ``kind``.
+
+    layer: scale ones [D], bias zeros [D]; layer_nobias, rms: scale ones;
+    rms_offset: scale zeros (gain 1 + 0); scale: gain sqrt(D) scalar;
+    dyt: alpha ``dyt_alpha`` scalar, gamma ones, beta zeros; none: {}.
+    """
+    registry.check_norm_kind(kind)
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"dim must be an integer >= 1; got {dim!r}")
+    ones, zeros = jnp.ones((dim,), _F32), jnp.zeros((dim,), _F32)
+    return {
+        "layer": lambda: {"scale": ones, "bias": zeros},
+        "layer_nobias": lambda: {"scale": ones},
+        "rms": lambda: {"scale": ones},
+        "rms_offset": lambda: {"scale": zeros},
+        "scale": lambda: {"gain": jnp.asarray(math.sqrt(dim), _F32)},
+        "dyt": lambda: {"alpha": jnp.asarray(dyt_alpha, _F32), "gamma": ones, "beta": zeros},
+        "none": dict,
+    }[kind]()
