@@ -1,0 +1,151 @@
+"""Where the norm sits around a residual sublayer: pure combinators.
+
+A sublayer is any function ``F: x -> F(x)`` (attention or MLP), a norm any
+function ``N: x -> N(x)`` (e.g. ``functools.partial(posenc.norms.normalize,
+"rms", params=p)``). :func:`residual` combines them per placement:
+
+    pre        x + F(N(x))              final norm   (Xiong et al. 2020; GPT-2, Llama)
+    post       N(x + F(x))              no final norm (Vaswani et al. 2017, BERT)
+    sandwich   x + N_out(F(N_in(x)))    final norm   (Gemma 2/3, CogView, Peri-LN)
+    reordered  x + N(F(x))              final norm   (OLMo 2, Swin v2)
+    deepnorm   N(alpha x + F(x))        no final norm (Wang et al. 2022)
+    rezero     x + a F(x), a init 0     no norm      (Bachlechner et al. 2020)
+    mixln      post in the first floor(fraction * L) layers, pre after
+               (Li et al. 2024); resolve per layer with :func:`layer_placement`.
+
+Shapes: ``x`` is ``[..., D]``; the result has the shape and dtype of ``x``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from posenc import norms, registry
+
+PLACEMENTS = tuple(registry.PLACEMENTS)
+
+# Whether the decoder applies a norm after the last layer. Mix-LN ends in
+# pre-norm layers, whose residual stream is unnormalised, so it keeps the
+# final norm (the Mix-LN code keeps Llama's final RMSNorm).
+_FINAL_NORM = {
+    "pre": True,
+    "post": False,
+    "sandwich": True,
+    "reordered": True,
+    "deepnorm": False,
+    "mixln": True,
+    "rezero": False,
+}
+
+
+def residual(placement, x, sublayer, norm, *, norm_out=None, alpha=1.0, gate=None):
+    """One residual block ``x -> x'`` with the norm(s) placed per ``placement``.
+
+    Args:
+      placement: pre, post, sandwich, reordered, deepnorm or rezero (``mixln``
+        must first be resolved with :func:`layer_placement`).
+      x: ``[..., D]`` residual stream.
+      sublayer: ``F``, maps ``[..., D]`` to ``[..., D]``.
+      norm: ``N`` (``N_in`` for sandwich); unused (may be None) for rezero.
+      norm_out: ``N_out``, required for sandwich, ignored otherwise.
+      alpha: DeepNorm residual scale ``(2L)^(1/4)`` (see
+        ``posenc.norms.deepnorm_constants``); ignored by other placements.
+      gate: ReZero scalar ``a`` (a parameter initialised to 0); required for
+        rezero, ignored otherwise.
+    Returns:
+      ``[..., D]`` in ``x.dtype`` (the sum is cast back so that a float32
+      sublayer output or gate does not promote a bf16 residual stream).
+    """
+    registry.check_placement(placement)
+    if placement == "mixln":
+        raise ValueError(
+            "placement 'mixln' is per layer: resolve it with "
+            "layer_placement('mixln', layer_index, num_layers) to 'post' or 'pre' first"
+        )
+    if placement == "rezero":
+        if gate is None:
+            raise ValueError("placement 'rezero' needs gate= (a scalar parameter initialised to 0)")
+        if jnp.shape(gate) != ():
+            raise ValueError(f"rezero gate must be a scalar (shape ()); got shape {jnp.shape(gate)}")
+        y = x + gate * sublayer(x)
+    else:
+        if norm is None:
+            raise ValueError(f"placement {placement!r} needs a norm function; got None")
+        if placement == "pre":
+            y = x + sublayer(norm(x))
+        elif placement == "post":
+            y = norm(x + sublayer(x))
+        elif placement == "sandwich":
+            if norm_out is None:
+                raise ValueError("placement 'sandwich' needs norm_out= (the norm after the sublayer)")
+            y = x + norm_out(sublayer(norm(x)))
+        elif placement == "reordered":
+            y = x + norm(sublayer(x))
+        else:  # deepnorm
+            y = norm(alpha * x + sublayer(x))
+    return jnp.asarray(y).astype(x.dtype)
+
+
+def _check_fraction(fraction) -> float:
+    try:
+        f = float(fraction)
+    except (TypeError, ValueError):
+        raise ValueError(f"mixln_fraction must be a number in [0, 1]; got {fraction!r}") from None
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"mixln_fraction must be in [0, 1]; got {fraction!r}")
+    return f
+
+
+def num_post_layers(num_layers, *, mixln_fraction=0.25):
+    """Number of leading post-norm layers in Mix-LN: ``floor(fraction * L)``.
+
+    Li et al. 2024 use Post-LN in the first ``floor(alpha L)`` layers (their
+    code compares ``layer_index < POST_NUM``; alpha = 0.25 gives 3 of 12 and 6
+    of 24 layers). A 1e-9 slack keeps float products such as 0.29 * 100 from
+    rounding down a whole layer.
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1; got {num_layers!r}")
+    f = _check_fraction(mixln_fraction)
+    return min(num_layers, math.floor(f * num_layers + 1e-9))
+
+
+def layer_placement(placement, layer_index, num_layers, *, mixln_fraction=0.25):
+    """The concrete placement of layer ``layer_index`` (0-based) of ``num_layers``.
+
+    ``mixln`` resolves to ``"post"`` for ``layer_index < floor(mixln_fraction *
+    num_layers)`` and ``"pre"`` after (Li et al. 2024); every other placement
+    is returned unchanged.
+    """
+    registry.check_placement(placement)
+    n_post = num_post_layers(num_layers, mixln_fraction=mixln_fraction)
+    if (
+        isinstance(layer_index, bool)
+        or not isinstance(layer_index, int)
+        or not 0 <= layer_index < num_layers
+    ):
+        raise ValueError(
+            f"layer_index must be an integer in [0, {num_layers}); got {layer_index!r}"
+        )
+    if placement != "mixln":
+        return placement
+    return "post" if layer_index < n_post else "pre"
+
+
+def has_final_norm(placement):
+    """Whether a decoder with this placement normalises after the last layer.
+
+    pre, sandwich, reordered, mixln: True; post, deepnorm, rezero: False.
+    """
+    return _FINAL_NORM[registry.check_placement(placement)]
+
+
+def deepnorm_init_gain(num_layers):
+    """Xavier-normal gain ``beta = (8L)^(-1/4)`` for DeepNorm (Wang et al. 2022).
+
+    Applies to the value, output and both MLP matrices; the query and key
+    projections keep gain 1. L = 12 gives 0.3195.
+    """
+    return norms.deepnorm_constants(num_layers)[1]
