@@ -1,0 +1,302 @@
+"""RoPE inverse frequencies with context-extension scaling.
+
+One function, :func:`frequencies`, returns ``(inv_freq, attention_factor)``
+for every kind in :data:`KINDS`. The arithmetic mirrors HuggingFace
+transformers ``modeling_rope_utils`` (``_compute_*_parameters``): scalars
+that HF computes as Python floats (the NTK base, the YaRN correction range,
+the attention factor) are Python float64 here too, and everything HF holds
+in float32 tensors (``arange / d``, ``base ** exponent``, the YaRN ramp, the
+Llama 3 wavelengths) is float32 here, in the same order of operations, so
+the results agree to float32 rounding.
+
+Convention: :func:`posenc.rope.apply` multiplies cos and sin by
+``attention_factor``, so attention logits scale by ``attention_factor ** 2``.
+
+Shapes: ``inv_freq`` is float32 ``[rotary_dim // 2]``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
+
+# Kinds whose result depends on the current sequence length.
+_NEEDS_SEQ_LEN = ("dynamic", "dynamic_yarn", "longrope")
+_NEEDS_ORIGINAL = ("dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
+# Kinds that compute an attention factor (and so accept an explicit one).
+_HAS_ATTENTION_FACTOR = ("yarn", "dynamic_yarn", "longrope")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_positive(name: str, value, allowed: str = "a positive number") -> float:
+    if not _is_real(value) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be {allowed}; got {value!r}")
+    return float(value)
+
+
+def _check_rotary_dim(kind: str, rotary_dim) -> int:
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
+        raise ValueError(f"rotary_dim must be a positive even integer; got {rotary_dim!r}")
+    d = int(rotary_dim)
+    if d <= 0 or d % 2:
+        raise ValueError(f"rotary_dim must be a positive even integer; got {d}")
+    if kind in ("ntk", "dynamic") and d < 4:
+        # The NTK exponent d / (d - 2) is undefined at d = 2.
+        raise ValueError(f"rotary_dim must be an even integer >= 4 for kind {kind!r}; got {d}")
+    return d
+
+
+def _seq_len_value(kind: str, seq_len):
+    """Return a Python int, or the jax array itself (traced or not)."""
+    if seq_len is None:
+        raise ValueError(f"kind {kind!r} needs seq_len (the current sequence length); got None")
+    if isinstance(seq_len, jax.Array):
+        if seq_len.ndim != 0 or not jnp.issubdtype(seq_len.dtype, jnp.integer):
+            raise ValueError(
+                f"seq_len must be an integer scalar; got a jax array of shape {seq_len.shape} "
+                f"and dtype {seq_len.dtype}"
+            )
+        return seq_len
+    if isinstance(seq_len, np.ndarray) and seq_len.ndim == 0:
+        seq_len = seq_len.item()
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer; got {seq_len!r}")
+    return int(seq_len)
+
+
+def _exponents(d: int) -> jax.Array:
+    # HF: torch.arange(0, d, 2).float() / d, a float32 tensor.
+    return jnp.arange(0, d, 2, dtype=jnp.int32).astype(jnp.float32) / d
+
+
+def _default_inv_freq(base, d: int) -> jax.Array:
+    # 1 / base^(2i/d); a Python `base` is weakly typed, so the power runs in float32.
+    return 1.0 / (base ** _exponents(d))
+
+
+def _mscale(scale, k=1.0):
+    """YaRN magnitude correction 0.1 k ln(s) + 1 (1 when s <= 1)."""
+    if isinstance(scale, jax.Array):
+        # Traced dynamic_yarn factor; it is >= 1 by construction, where the
+        # formula already gives 1 at s = 1.
+        return 0.1 * k * jnp.log(scale) + 1.0
+    if scale <= 1:
+        return 1.0
+    return 0.1 * k * math.log(scale) + 1.0
+
+
+def _yarn_attention_factor(factor, mscale, mscale_all_dim):
+    # HF uses the mscale ratio only when both are set and non-zero.
+    if mscale and mscale_all_dim:
+        return _mscale(factor, mscale) / _mscale(factor, mscale_all_dim)
+    return _mscale(factor)
+
+
+def _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate):
+    """YaRN "NTK-by-parts" frequencies; `factor` may be a float or a jnp scalar."""
+
+    def correction_dim(rotations):
+        # Pair index whose wavelength fits `rotations` turns into the original length.
+        return (d * math.log(original_length / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    # The clamp uses d - 1 although the ramp has d // 2 entries (as in HF).
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # avoid 0 / 0
+    ramp = jnp.clip((jnp.arange(d // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+
+    pos_freqs = base ** _exponents(d)
+    inv_extrapolation = 1.0 / pos_freqs
+    inv_interpolation = 1.0 / (factor * pos_freqs)
+    extrapolation_weight = 1 - ramp
+    return inv_interpolation * (1 - extrapolation_weight) + inv_extrapolation * extrapolation_weight
+
+
+def _llama3_inv_freq(d, base, factor, original_length, low_freq_factor, high_freq_factor):
+    inv_freq = _default_inv_freq(base, d)
+    low_freq_wavelen = original_length / low_freq_factor
+    high_freq_wavelen = original_length / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_length / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def _check_factors(name: str, values, half: int) -> jax.Array:
+    if values is None:
+        raise ValueError(f"kind 'longrope' needs {name} (a sequence of {half} numbers); got None")
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1 or arr.shape[0] != half:
+        raise ValueError(
+            f"{name} must have rotary_dim // 2 = {half} entries; got shape {arr.shape} "
+            f"({arr.size} entries)"
+        )
+    if not np.all(np.isfinite(arr)) or not np.all(arr > 0):
+        raise ValueError(f"{name} entries must be positive and finite; got {values!r}")
+    return jnp.asarray(arr, dtype=jnp.float32)
+
+
+def frequencies(
+    kind,
+    rotary_dim,
+    *,
+    base=10000.0,
+    factor=1.0,
+    original_length=None,
+    seq_len=None,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale=None,
+    mscale_all_dim=None,
+    truncate=True,
+    short_factor=None,
+    long_factor=None,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    attention_factor=None,
+):
+    """RoPE inverse frequencies and attention factor for one scaling kind.
+
+    Notation: d = rotary_dim, i = 0..d/2-1, s = factor, L = original_length,
+    n = seq_len, inv_i = 1 / base^(2i/d).
+
+    - "default" (Su et al. 2021, RoFormer): inv_i; factor 1.
+    - "linear" (Chen et al. 2023, position interpolation): inv_i / s.
+    - "ntk" (bloc97 2023, NTK-aware): base' = base * s^(d/(d-2)).
+    - "dynamic" (emozilla 2023, dynamic NTK): with n' = max(n, L),
+      base' = base * (s n'/L - (s - 1))^(d/(d-2)); default freqs when n <= L.
+    - "yarn" (Peng et al. 2023): ramp between inv_i / s (low frequencies) and
+      inv_i (high frequencies) over the pair range [low, high] given by
+      corr(r) = d ln(L / (2 pi r)) / (2 ln base) at r = beta_fast, beta_slow
+      (floor/ceil when `truncate`); attention factor 0.1 ln s + 1, or
+      m(s, mscale) / m(s, mscale_all_dim) with m(s, k) = 0.1 k ln s + 1 when
+      both are set and non-zero (HF rule; one alone is ignored).
+    - "dynamic_yarn": "yarn" with s = max(1, n / L) recomputed from the
+      current length n; `factor` must stay 1.0 (it is derived).
+    - "longrope" (Ding et al. 2024, Phi-3): inv_i / lambda_i with lambda =
+      long_factor when n > L, else short_factor (each d/2 entries); `factor`
+      is max_position_embeddings / original_max_position_embeddings and
+      gives the attention factor sqrt(1 + ln s / ln L) (1 when s <= 1).
+    - "llama3" (Llama 3.1, Dubey et al. 2024): wavelength w_i = 2 pi / inv_i;
+      inv_i / s where w_i > L / low_freq_factor, inv_i where w_i < L /
+      high_freq_factor, and in between (1 - t) inv_i / s + t inv_i with
+      t = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+
+    `attention_factor`, when given, overrides the computed one (yarn,
+    dynamic_yarn, longrope only; other kinds have factor 1 and reject it).
+    Other keywords a kind does not use are ignored.
+
+    `seq_len` may be a Python int or an integer jax scalar (e.g. traced under
+    `jit` in a decoder). With a jax scalar, inv_freq is computed from it in
+    float32 and, for "dynamic_yarn" without an explicit attention_factor,
+    the attention factor is returned as a float32 jnp scalar; otherwise it
+    is a Python float.
+
+    Returns:
+      (inv_freq float32 [rotary_dim // 2], attention_factor).
+    """
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    d = _check_rotary_dim(kind, rotary_dim)
+    base = _check_positive("base", base)
+    if kind in ("yarn", "dynamic_yarn") and base == 1.0:
+        raise ValueError(f"base must be a positive number other than 1 for kind {kind!r}; got {base!r}")
+    if not _is_real(factor) or not math.isfinite(factor) or factor < 1:
+        raise ValueError(f"factor must be a number >= 1; got {factor!r}")
+    factor = float(factor)
+    if kind in ("default", "dynamic_yarn") and factor != 1.0:
+        why = "is not used by" if kind == "default" else "is derived from seq_len in"
+        raise ValueError(f"factor {why} kind {kind!r}; leave it at 1.0, got {factor!r}")
+    if attention_factor is not None:
+        if kind not in _HAS_ATTENTION_FACTOR:
+            raise ValueError(
+                f"attention_factor applies only to kinds {', '.join(_HAS_ATTENTION_FACTOR)}; "
+                f"got attention_factor={attention_factor!r} with kind {kind!r}"
+            )
+        attention_factor = _check_positive("attention_factor", attention_factor)
+    if kind in _NEEDS_ORIGINAL:
+        if original_length is None:
+            raise ValueError(f"kind {kind!r} needs original_length (the training context length); got None")
+        original_length = _check_positive("original_length", original_length)
+        if original_length == int(original_length):
+            original_length = int(original_length)
+    if kind in _NEEDS_SEQ_LEN:
+        seq_len = _seq_len_value(kind, seq_len)
+
+    if kind == "default":
+        return _default_inv_freq(base, d), 1.0
+    if kind == "linear":
+        return _default_inv_freq(base, d) / factor, 1.0
+    if kind == "ntk":
+        return _default_inv_freq(base * factor ** (d / (d - 2)), d), 1.0
+    if kind == "dynamic":
+        if isinstance(seq_len, jax.Array):
+            n = jnp.maximum(seq_len, original_length).astype(jnp.float32)
+        else:
+            n = max(seq_len, original_length)
+        new_base = base * ((factor * n / original_length) - (factor - 1)) ** (d / (d - 2))
+        return _default_inv_freq(new_base, d), 1.0
+
+    if kind in ("yarn", "dynamic_yarn"):
+        beta_fast = _check_positive("beta_fast", beta_fast)
+        beta_slow = _check_positive("beta_slow", beta_slow)
+        if beta_fast < beta_slow:
+            raise ValueError(
+                f"beta_fast must be >= beta_slow; got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}"
+            )
+        for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+            if value is not None and (not _is_real(value) or not math.isfinite(value)):
+                raise ValueError(f"{name} must be None or a finite number; got {value!r}")
+        if kind == "dynamic_yarn":
+            if isinstance(seq_len, jax.Array):
+                factor = jnp.maximum(1.0, seq_len.astype(jnp.float32) / original_length)
+            else:
+                factor = max(1.0, seq_len / original_length)
+        inv_freq = _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, bool(truncate))
+        if attention_factor is None:
+            attention_factor = _yarn_attention_factor(factor, mscale, mscale_all_dim)
+            if not isinstance(attention_factor, jax.Array):
+                attention_factor = float(attention_factor)
+        return inv_freq, attention_factor
+
+    if kind == "longrope":
+        half = d // 2
+        short = _check_factors("short_factor", short_factor, half)
+        long = _check_factors("long_factor", long_factor, half)
+        if attention_factor is None:
+            if factor <= 1.0:
+                attention_factor = 1.0
+            elif original_length <= 1:
+                raise ValueError(f"original_length must be > 1 for kind 'longrope'; got {original_length!r}")
+            else:
+                attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_length))
+        shape = base ** _exponents(d)
+        if isinstance(seq_len, jax.Array):
+            ext = jnp.where(seq_len > original_length, long, short)
+        else:
+            ext = long if seq_len > original_length else short
+        return 1.0 / (ext * shape), float(attention_factor)
+
+    # llama3
+    low_freq_factor = _check_positive("low_freq_factor", low_freq_factor)
+    high_freq_factor = _check_positive("high_freq_factor", high_freq_factor)
+    if low_freq_factor >= high_freq_factor:
+        raise ValueError(
+            "low_freq_factor must be < high_freq_factor; got "
+            f"low_freq_factor={low_freq_factor!r}, high_freq_factor={high_freq_factor!r}"
+        )
+    return _llama3_inv_freq(d, base, factor, original_length, low_freq_factor, high_freq_factor), 1.0
