@@ -216,18 +216,23 @@ def test_gain_applied_in_float32_before_cast():
 def test_dispatch_covers_registry_and_matches_functions():
     assert set(norms._NORMS) == set(registry.NORM_KINDS)
     x = _x(14)
-    p = {k: norms.init_params(k, D) for k in registry.NORM_KINDS}
-    np.testing.assert_allclose(norms.normalize("layer", x, p["layer"]), _np_layer(x, 1.0, 0.0, 1e-6), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(norms.normalize("layer_nobias", x, p["layer_nobias"]), _np_layer(x, 1.0, None, 1e-6), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(norms.normalize("rms", x, p["rms"]), _np_rms(x, 1.0, 1e-6), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(norms.normalize("rms_offset", x, p["rms_offset"]), _np_rms(x, 1.0, 1e-6), rtol=1e-5, atol=1e-6)
-    # ScaleNorm init sqrt(D) * x / ||x|| has unit RMS, like RMSNorm
-    np.testing.assert_allclose(norms.normalize("scale", x, p["scale"]), _np_rms(x, 1.0, 0.0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(norms.normalize("dyt", x, p["dyt"]), np.tanh(0.5 * x), rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(norms.normalize("none", x, p["none"]), x)
+    expected = {
+        "layer": _np_layer(x, 1.0, 0.0, 1e-6),
+        "layer_nobias": _np_layer(x, 1.0, None, 1e-6),
+        "rms": _np_rms(x, 1.0, 1e-6),
+        "rms_offset": _np_rms(x, 1.0, 1e-6),
+        # ScaleNorm at init, sqrt(D) * x / ||x||, has unit RMS like RMSNorm
+        "scale": _np_rms(x, 1.0, 0.0),
+        "dyt": np.tanh(0.5 * x.astype(np.float64)),
+        "none": x,
+    }
+    for kind, ref in expected.items():
+        out = norms.normalize(kind, x, norms.init_params(kind, D))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5, err_msg=kind)
     # eps is passed through
     np.testing.assert_allclose(
-        norms.normalize("rms", x, p["rms"], eps=0.5), _np_rms(x, 1.0, 0.5), rtol=1e-5, atol=1e-6
+        norms.normalize("rms", x, norms.init_params("rms", D), eps=0.5),
+        _np_rms(x, 1.0, 0.5), rtol=1e-5, atol=1e-6,
     )
 
 
