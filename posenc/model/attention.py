@@ -1,0 +1,225 @@
+"""Causal multi-head attention, dense and blocked (online softmax).
+
+Logits are ``s_ij = softcap(scale * q_i . k_j + E_ij)`` where ``E`` is what
+the position encoding adds (``encoding.bias`` from positions plus
+``encoding.content_logits`` from q, k and positions). The whole pre-mask
+logit is soft-capped (Gemma 2 caps before the mask; we add the position
+terms before the cap too, so that no term can escape it), then the mask is
+applied and ``softmax`` taken. The output is ``w @ v`` plus
+``encoding.values(w, ...)`` (Shaw's relative values).
+
+Masking is by index, not position: key ``j`` is visible to query ``i`` when
+``j < kv_length`` and (if causal) ``j <= q_offset + i``. ``q_offset`` is the
+index of the first query among the keys (the cache length in decoding) and
+may be traced.
+
+The blocked path (``impl="blocked"``) processes ``block`` queries against
+``block`` keys at a time with the online softmax of Rabe & Staats 2021 /
+FlashAttention, computing the encoding terms per (query block, key block), so
+memory is ``O(B H block^2)`` instead of ``O(B H L^2)``. Key blocks that lie
+entirely above the causal diagonal are skipped with ``lax.cond``. The key-block
+step is rematerialised (``jax.checkpoint``) so the gradient stores only the
+running ``(o, m, l)`` per step, not the attention weights. Encodings with
+``full_rows`` (CoPE: cumulative gates over the whole key row) use one key block
+spanning every key; only their queries are blocked.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from posenc import norms, stability
+
+IMPLS = ("auto", "dense", "blocked")
+_NEG = -1e30  # finite mask value: exp(_NEG - m) underflows to 0 without inf - inf = nan
+
+
+def check_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention_impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+    return impl
+
+
+def _repeat_kv(x, num_heads):
+    """[B, L, K, Dh] -> [B, L, H, Dh] for grouped-query attention."""
+    groups = num_heads // x.shape[2]
+    return x if groups == 1 else jnp.repeat(x, groups, axis=2)
+
+
+def _mask(q_index, k_index, *, causal, q_offset, kv_length):
+    """Boolean [Lq, Lk]: key j visible to query i (index based)."""
+    m = k_index[None, :] < kv_length
+    if causal:
+        m = m & (k_index[None, :] <= q_offset + q_index[:, None])
+    return m
+
+
+def _logits(encoding, q, k, qp, kp, *, scale, softcap, q_offset):
+    """Pre-mask float32 logits [B, H, Lq, Lk] (k already has H heads)."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    bias = encoding.bias(qp, kp)
+    if bias is not None:
+        s = s + bias
+    extra = encoding.content_logits(q, k, qp, kp, scale=scale, q_offset=q_offset)
+    if extra is not None:
+        s = s + extra
+    if softcap:
+        s = norms.softcap(s, softcap)
+    return s
+
+
+def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True,
+                    q_offset=0, kv_length=None, softcap=0.0, return_stats=False):
+    """Attention materialising [B, H, Lq, Lk] logits; q [B,Lq,H,Dh], k/v [B,Lk,K,Dh]."""
+    B, Lq, H, _ = q.shape
+    Lk = k.shape[1]
+    kv_length = Lk if kv_length is None else kv_length
+    mask = _mask(jnp.arange(Lq), jnp.arange(Lk), causal=causal, q_offset=q_offset,
+                 kv_length=kv_length)
+    plain = not (encoding.has_content_logits or encoding.has_values or softcap or return_stats)
+    if plain:
+        # jax.nn.dot_product_attention picks cuDNN flash attention on GPU when it
+        # can; on CPU it is the XLA reference (materialises the logits, float32
+        # softmax), numerically the same as the manual path below.
+        bias = encoding.bias(q_positions, k_positions)
+        if bias is not None:
+            bias = jnp.broadcast_to(bias, (B, H, Lq, Lk)).astype(q.dtype)
+        return jax.nn.dot_product_attention(
+            q, k, v, bias=bias, mask=jnp.broadcast_to(mask, (B, 1, Lq, Lk)), scale=scale)
+    kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
+    s = _logits(encoding, q, kr, q_positions, k_positions, scale=scale, softcap=softcap,
+                q_offset=q_offset)
+    s = jnp.where(mask, s, _NEG)
+    w = jax.nn.softmax(s, axis=-1)
+    w = jnp.where(mask, w, 0.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", w.astype(v.dtype), vr,
+                     preferred_element_type=jnp.float32)
+    vals = encoding.values(w, q_positions, k_positions)
+    if vals is not None:
+        out = out + vals
+    out = out.astype(q.dtype)
+    if not return_stats:
+        return out
+    full = jnp.broadcast_to(mask, s.shape)
+    return out, {
+        "max_attention_logit": stability.max_attention_logit(s, full),
+        "attention_entropy": stability.attention_entropy(w, full),
+    }
+
+
+def _pad(x, axis, size):
+    pad = size - x.shape[axis]
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, block, causal=True,
+                      q_offset=0, kv_length=None, softcap=0.0, return_stats=False):
+    """Same result as :func:`dense_attention` in O(B H block^2) memory (see module doc)."""
+    B, Lq, H, Dh = q.shape
+    Lk = k.shape[1]
+    kv_length = Lk if kv_length is None else kv_length
+    bq = block
+    nq = -(-Lq // bq)
+    bk = -(-Lk // block) * block if encoding.full_rows else block
+    nk = -(-Lk // bk)
+    kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
+
+    def split(x, n, b):  # [B, n*b, ...] -> [n, B, b, ...]
+        x = _pad(x, 1, n * b)
+        return jnp.moveaxis(x.reshape((B, n, b) + x.shape[2:]), 1, 0)
+
+    qs, qps = split(q, nq, bq), split(q_positions, nq, bq)
+    ks, vs, kps = split(kr, nk, bk), split(vr, nk, bk), split(k_positions, nk, bk)
+
+    def key_step(carry, xs, q_blk, qp_blk, qi):
+        o, m, l, a = carry
+        k_blk, v_blk, kp_blk, kj = xs
+        q_index = qi * bq + jnp.arange(bq)
+        k_index = kj * bk + jnp.arange(bk)
+        mask = _mask(q_index, k_index, causal=causal, q_offset=q_offset, kv_length=kv_length)
+        s = _logits(encoding, q_blk, k_blk, qp_blk, kp_blk, scale=scale, softcap=softcap,
+                    q_offset=q_offset + qi * bq - kj * bk)
+        s = jnp.where(mask, s, _NEG)
+        m_new = jnp.maximum(m, s.max(-1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        pv = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_blk.dtype), v_blk,
+                        preferred_element_type=jnp.float32)
+        vals = encoding.values(p, qp_blk, kp_blk)  # linear in the weights: rescales like pv
+        if vals is not None:
+            pv = pv + vals
+        o = o * jnp.moveaxis(alpha, 1, 2)[..., None] + pv
+        l = l * alpha + p.sum(-1)
+        a = a * alpha + (p * s).sum(-1)  # for the entropy: sum_j p_j s_j
+        return (o, m_new, l, a)
+
+    def query_step(_, xs):
+        q_blk, qp_blk, qi = xs
+        init = (jnp.zeros((B, bq, H, Dh), jnp.float32), jnp.full((B, H, bq), _NEG, jnp.float32),
+                jnp.zeros((B, H, bq), jnp.float32), jnp.zeros((B, H, bq), jnp.float32))
+        step = jax.checkpoint(functools.partial(key_step, q_blk=q_blk, qp_blk=qp_blk, qi=qi))
+        last_query = q_offset + qi * bq + bq - 1
+
+        def body(carry, xs):
+            kj = xs[3]
+            needed = kj * bk < kv_length
+            if causal:
+                needed = needed & (kj * bk <= last_query)
+            return jax.lax.cond(needed, step, lambda c, _: c, carry, xs), None
+
+        (o, m, l, a), _ = jax.lax.scan(body, init, (ks, vs, kps, jnp.arange(nk)))
+        l_safe = jnp.where(l > 0, l, 1.0)
+        out = o / jnp.moveaxis(l_safe, 1, 2)[..., None]
+        # entropy of softmax row: log l + m - (sum_j p_j s_j) / l
+        ent = jnp.log(l_safe) + m - a / l_safe
+        return None, (out.astype(q.dtype), m, ent)
+
+    _, (out, m, ent) = jax.lax.scan(query_step, None, (qs, qps, jnp.arange(nq)))
+    out = jnp.moveaxis(out, 0, 1).reshape(B, nq * bq, H, Dh)[:, :Lq]
+    if not return_stats:
+        return out
+    valid = (jnp.arange(nq * bq) < Lq).reshape(nq, 1, 1, bq)
+    count = valid.sum() * B * H
+    stats = {
+        "max_attention_logit": jnp.max(jnp.where(valid, m, _NEG)),
+        "attention_entropy": jnp.sum(jnp.where(valid, ent, 0.0)) / count,
+    }
+    return out, stats
+
+
+def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True, q_offset=0,
+              kv_length=None, softcap=0.0, impl="auto", block=512, return_stats=False):
+    """Multi-head attention with a position encoding; dense or blocked (see module doc).
+
+    Args:
+      q: [B, Lq, H, Dh]; k, v: [B, Lk, K, Dh] with H % K == 0 (GQA).
+      q_positions, k_positions: int [B, Lq], [B, Lk] (used by the encoding only).
+      encoding: a ``posenc.model.encodings.Encoding`` (bias, content_logits, values).
+      scale: multiplies q.k (1/sqrt(Dh), or a QK-norm temperature).
+      causal: mask keys after the query (by index); False gives full attention.
+      q_offset: index of the first query among the keys (int or traced scalar).
+      kv_length: number of valid keys (default Lk; traced in decoding).
+      softcap: 0 = off, else ``cap * tanh(s / cap)`` on the pre-mask logits.
+      impl: "dense", "blocked" or "auto" (dense when Lq and Lk <= block).
+      block: query / key block size of the blocked path.
+      return_stats: also return max_attention_logit and attention_entropy.
+    Returns:
+      [B, Lq, H, Dh] in q.dtype (and a stats dict when return_stats).
+    """
+    check_impl(impl)
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"num_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[2]}")
+    if impl == "auto":
+        impl = "dense" if max(q.shape[1], k.shape[1]) <= block else "blocked"
+    kw = dict(scale=scale, causal=causal, q_offset=q_offset, kv_length=kv_length,
+              softcap=softcap, return_stats=return_stats)
+    if impl == "dense":
+        return dense_attention(q, k, v, q_positions, k_positions, encoding, **kw)
+    return blocked_attention(q, k, v, q_positions, k_positions, encoding, block=block, **kw)

@@ -1,0 +1,197 @@
+"""Decoder-only transformer composing the pure position and norm functions.
+
+``Decoder(config.model, rngs=nnx.Rngs(seed))``: token embedding (optional
+sqrt(D) scale), an input position embedding when the kind has one, N blocks
+of attention + MLP with any norm placement, a final norm when the placement
+has one, a tied or untied head, optional final-logit soft-capping. Params
+are float32; compute runs in ``model.dtype``; logits are float32.
+
+Token embeddings and the untied head use N(0, 0.02) (GPT-2); projections
+LeCun normal (DeepNorm: xavier normal, gain beta for v, out and MLP).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc import norms, placements, stability
+from posenc.model import cache as cache_lib
+from posenc.model import encodings
+from posenc.model.layers import Block, Norm
+from posenc.model.validate import head_dim as _head_dim
+from posenc.model.validate import layer_kinds, validate_config
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class Decoder(nnx.Module):
+    """Decoder-only transformer; see the module docstring and docs/api.md."""
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        validate_config(config)
+        self.dtype = _DTYPES[config.dtype]
+        self.d_model, self.vocab_size = config.d_model, config.vocab_size
+        self.num_layers = config.num_layers
+        self.num_kv_heads = config.num_kv_heads or config.num_heads
+        self.head_dim = _head_dim(config)
+        self.embed_scale = bool(config.norm.embed_scale)
+        self.final_softcap = float(config.norm.final_softcap)
+        pos = config.position
+        common = dict(d_model=config.d_model, num_heads=config.num_heads, head_dim=self.head_dim,
+                      num_layers=config.num_layers, rngs=rngs)
+        kind = pos.kind
+        self.input_encoding = (encodings.build(kind, pos, **common)
+                               if encodings.is_embed_kind(kind) else None)
+        self.embedding = nnx.Param(
+            0.02 * jax.random.normal(rngs.params(), (config.vocab_size, config.d_model)))
+        blocks = []
+        for i, k in enumerate(layer_kinds(config)):
+            enc = encodings.build(k, pos, layer_index=i, **common)
+            blocks.append(Block(config, enc, layer_index=i, head_dim=self.head_dim,
+                                dtype=self.dtype, rngs=rngs))
+        self.blocks = nnx.List(blocks)
+        n = config.norm
+        self.final_norm = (Norm(n.kind, config.d_model, eps=n.eps, dyt_alpha=float(n.dyt_alpha))
+                           if placements.has_final_norm(n.placement) else None)
+        self.head = (None if config.tie_embeddings else nnx.Param(
+            0.02 * jax.random.normal(rngs.params(), (config.d_model, config.vocab_size))))
+        self.dropout = nnx.Dropout(float(config.dropout), rngs=rngs)
+
+    # -- pieces -------------------------------------------------------------------------
+    def check_length(self, length: int) -> None:
+        """Python check on a static length (learned tables have no rows past their end)."""
+        for enc in [self.input_encoding] + [b.attn.encoding for b in self.blocks]:
+            if enc is not None:
+                enc.check_length(length)
+
+    def _positions(self, positions, batch, length):
+        if positions is None:
+            positions = jnp.arange(length, dtype=jnp.int32)
+        positions = jnp.asarray(positions)
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise ValueError(f"positions must be integers; got dtype {positions.dtype}")
+        if positions.shape[-1] != length or positions.ndim not in (1, 2):
+            raise ValueError(f"positions must have shape [L] or [B, L] with L={length}; "
+                             f"got {positions.shape}")
+        return jnp.broadcast_to(positions.astype(jnp.int32), (batch, length))
+
+    def embed_tokens(self, tokens):
+        """tokens int [B, L] -> [B, L, D] in the compute dtype (scaled by sqrt(D) if set)."""
+        x = self.embedding[...].astype(self.dtype)[tokens]
+        if self.embed_scale:
+            x = x * stability.embed_scale(self.d_model, self.dtype)
+        return x
+
+    def _input(self, x, positions, deterministic):
+        if self.input_encoding is not None:
+            x = x + self.input_encoding.embed(positions, self.d_model).astype(x.dtype)
+        return self.dropout(x, deterministic=deterministic)
+
+    def _output(self, x):
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        w = self.embedding[...].T if self.head is None else self.head[...]
+        logits = jnp.einsum("bld,dv->blv", x, w.astype(self.dtype),
+                            preferred_element_type=jnp.float32)
+        if self.final_softcap:
+            logits = norms.softcap(logits, self.final_softcap)
+        return logits.astype(jnp.float32)
+
+    # -- full forward -------------------------------------------------------------------
+    def forward_embeddings(self, x, positions=None, *, deterministic=True, causal=True,
+                           return_stats=False):
+        """Logits from token embeddings x [B, L, D] (before the input position embedding).
+
+        The entry point for gradient tests (causality: d logits_i / d x_j = 0 for
+        j > i). ``causal=False`` drops the causal mask (permutation tests).
+        """
+        B, L, _ = x.shape
+        self.check_length(L)
+        positions = self._positions(positions, B, L)
+        h = self._input(x.astype(self.dtype), positions, deterministic)
+
+        def attend(attn, hin):
+            q, k, v = attn.project(hin)
+            return attn.attend(q, k, v, positions, positions, seq_len=L, causal=causal,
+                               return_stats=return_stats)
+
+        layer_stats = []
+        for block in self.blocks:
+            h, s = block(h, lambda a, hin: _pair(attend(a, hin), return_stats),
+                         deterministic=deterministic)
+            layer_stats.append(s)
+        logits = self._output(h)
+        if not return_stats:
+            return logits
+        return logits, _collect_stats(layer_stats, logits)
+
+    def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False):
+        """tokens int [B, L]; positions int [B, L] or [L] (default arange) -> logits [B, L, V]."""
+        tokens = jnp.asarray(tokens)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [B, L]; got {tokens.shape}")
+        return self.forward_embeddings(self.embed_tokens(tokens), positions,
+                                       deterministic=deterministic, return_stats=return_stats)
+
+    # -- decoding -----------------------------------------------------------------------
+    def init_cache(self, batch_size: int, max_length: int):
+        """Empty KV cache (plain arrays) for up to ``max_length`` tokens; see posenc.model.cache."""
+        self.check_length(max_length)
+        return cache_lib.init(self.num_layers, batch_size, max_length, self.num_kv_heads,
+                              self.head_dim, self.dtype)
+
+    def decode(self, tokens, cache, positions=None, *, deterministic=True):
+        """Append tokens [B, T] to ``cache``; -> (logits [B, T, V], new cache).
+
+        T > 1 prefills, T = 1 is one step. ``positions`` [B, T] or [T] defaults to
+        continuing after the last cached position (0, 1, ... for an empty cache).
+        """
+        tokens = jnp.asarray(tokens)
+        B, T = tokens.shape
+        S = cache["k"][0].shape[1]
+        if T > S:
+            raise ValueError(f"cannot append {T} tokens to a cache of max_length {S}")
+        length = cache["length"]
+        if not isinstance(length, jax.core.Tracer) and int(length) + T > S:
+            raise ValueError(f"cache overflow: length {int(length)} + {T} tokens > max_length {S}")
+        if positions is None:
+            positions = cache_lib.next_positions(cache, T)
+        positions = self._positions(positions, B, T)
+        all_positions = cache_lib.write(cache["positions"], positions, length)
+        h = self._input(self.embed_tokens(tokens), positions, deterministic)
+        new_k, new_v = [], []
+
+        def attend_for(i):
+            def attend(attn, hin):
+                q, k, v = attn.project(hin)
+                ck = cache_lib.write(cache["k"][i], k, length)
+                cv = cache_lib.write(cache["v"][i], v, length)
+                new_k.append(ck)
+                new_v.append(cv)
+                y = attn.attend(q, ck.astype(q.dtype), cv.astype(v.dtype), positions, all_positions,
+                                seq_len=length + T, q_offset=length, kv_length=length + T)
+                return y, None
+            return attend
+
+        for i, block in enumerate(self.blocks):
+            h, _ = block(h, attend_for(i), deterministic=deterministic)
+        new_cache = {"k": tuple(new_k), "v": tuple(new_v), "positions": all_positions,
+                     "length": length + T}
+        return self._output(h), new_cache
+
+
+def _pair(res, return_stats):
+    return res if return_stats else (res, None)
+
+
+def _collect_stats(layer_stats, logits):
+    """Max attention logit over layers, mean entropy over layers, output logit stats."""
+    out = {
+        "max_attention_logit": jnp.max(jnp.stack([s["max_attention_logit"] for s in layer_stats])),
+        "attention_entropy": jnp.mean(jnp.stack([s["attention_entropy"] for s in layer_stats])),
+    }
+    ls = stability.logit_stats(logits)
+    out["logit_mean"], out["log_z"] = ls["mean"], ls["log_z"]
+    return out

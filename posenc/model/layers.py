@@ -1,0 +1,162 @@
+"""Decoder layers: norm module, MLP, attention sublayer and the residual block.
+
+Parameters are float32 ``nnx.Param``; matmuls run in the compute dtype
+(``model.dtype``) by casting the weights at use. Norm math is
+``posenc.norms``, residual placements ``posenc.placements``, QK-norm
+``posenc.stability.qk_norm``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc import norms, placements, stability
+from posenc.model import attention as attn_lib
+
+
+def lecun_normal(key, shape, fan_in):
+    return jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)
+
+
+def xavier_normal(key, shape, fan_in, fan_out, gain=1.0):
+    return gain * math.sqrt(2.0 / (fan_in + fan_out)) * jax.random.normal(key, shape, jnp.float32)
+
+
+class Norm(nnx.Module):
+    """Any ``posenc.registry.NORM_KINDS`` norm over the last axis, params from posenc.norms."""
+
+    def __init__(self, kind, dim, *, eps, dyt_alpha=0.5):
+        self.kind, self.eps = kind, float(eps)
+        params = norms.init_params(kind, dim, dyt_alpha=dyt_alpha)
+        self.params = nnx.Dict({n: nnx.Param(v) for n, v in params.items()})
+
+    def __call__(self, x):
+        return norms.normalize(self.kind, x, {n: p[...] for n, p in self.params.items()},
+                               eps=self.eps)
+
+
+class MLP(nnx.Module):
+    """GELU MLP ``W2 gelu(W1 x)`` or SwiGLU ``W2 (silu(W1 x) * W3 x)`` (Shazeer 2020)."""
+
+    def __init__(self, kind, d_model, hidden, *, dtype, gain, rngs):
+        if kind not in ("gelu", "swiglu"):
+            raise ValueError(f"unknown mlp {kind!r}; choose one of: gelu, swiglu")
+        self.kind, self.dtype = kind, dtype
+
+        def init(shape, fan_in, fan_out):
+            key = rngs.params()
+            if gain is None:
+                return nnx.Param(lecun_normal(key, shape, fan_in))
+            return nnx.Param(xavier_normal(key, shape, fan_in, fan_out, gain))
+
+        self.w1 = init((d_model, hidden), d_model, hidden)
+        self.w2 = init((hidden, d_model), hidden, d_model)
+        self.w3 = init((d_model, hidden), d_model, hidden) if kind == "swiglu" else None
+
+    def __call__(self, x):
+        h = x @ self.w1[...].astype(self.dtype)
+        if self.kind == "swiglu":
+            h = jax.nn.silu(h) * (x @ self.w3[...].astype(self.dtype))
+        else:
+            h = jax.nn.gelu(h)
+        return h @ self.w2[...].astype(self.dtype)
+
+
+class Attention(nnx.Module):
+    """Multi-head / grouped-query attention with QK-norm and a position encoding."""
+
+    def __init__(self, cfg, encoding, *, head_dim, dtype, vo_gain, rngs):
+        D, H = cfg.d_model, cfg.num_heads
+        K = cfg.num_kv_heads or H
+        self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = H, K, head_dim, dtype
+        self.softcap = float(cfg.norm.attn_softcap)
+        self.impl, self.block = cfg.attention_impl, int(cfg.attention_block)
+        self.qk_norm_kind, self.qk_eps = cfg.norm.qk_norm, float(cfg.norm.eps)
+        self.encoding = encoding
+
+        def proj(shape, fan_in, fan_out, gain):
+            if gain is None:
+                return nnx.Param(lecun_normal(rngs.params(), shape, fan_in))
+            return nnx.Param(xavier_normal(rngs.params(), shape, fan_in, fan_out, gain))
+
+        # DeepNorm: q/k xavier gain 1, v/out xavier gain beta.
+        qk_gain = None if vo_gain is None else 1.0
+        self.wq = proj((D, H, head_dim), D, H * head_dim, qk_gain)
+        self.wk = proj((D, K, head_dim), D, K * head_dim, qk_gain)
+        self.wv = proj((D, K, head_dim), D, K * head_dim, vo_gain)
+        self.wo = proj((H, head_dim, D), H * head_dim, D, vo_gain)
+        qk = stability.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
+        self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
+
+    def project(self, x):
+        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-normed, not yet rotated)."""
+        w = lambda p: p[...].astype(self.dtype)  # noqa: E731
+        q = jnp.einsum("bld,dhk->blhk", x, w(self.wq))
+        k = jnp.einsum("bld,dhk->blhk", x, w(self.wk))
+        v = jnp.einsum("bld,dhk->blhk", x, w(self.wv))
+        params = {n: p[...] for n, p in self.qk_params.items()}
+        q, k = stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
+        return q, k, v
+
+    def attend(self, q, k, v, q_positions, k_positions, *, seq_len, q_offset=0, kv_length=None,
+               causal=True, return_stats=False):
+        """Rotate with the encoding, attend, project out: -> [B, Lq, D] (, stats)."""
+        q = self.encoding.query(q, q_positions, seq_len=seq_len)
+        k = self.encoding.key(k, k_positions, seq_len=seq_len)
+        res = attn_lib.attention(
+            q, k, v, q_positions, k_positions, self.encoding, scale=1.0 / math.sqrt(self.head_dim),
+            causal=causal, q_offset=q_offset, kv_length=kv_length, softcap=self.softcap,
+            impl=self.impl, block=self.block, return_stats=return_stats)
+        out, stats = res if return_stats else (res, None)
+        y = jnp.einsum("blhk,hkd->bld", out.astype(self.dtype), self.wo[...].astype(self.dtype))
+        return (y, stats) if return_stats else y
+
+
+class Block(nnx.Module):
+    """One decoder layer: attention then MLP, each wrapped by posenc.placements.residual."""
+
+    def __init__(self, cfg, encoding, *, layer_index, head_dim, dtype, rngs):
+        n = cfg.norm
+        self.placement = placements.layer_placement(
+            n.placement, layer_index, cfg.num_layers, mixln_fraction=float(n.mixln_fraction))
+        deep = self.placement == "deepnorm"
+        alpha, beta = norms.deepnorm_constants(cfg.num_layers) if deep else (1.0, None)
+        self.alpha = alpha
+        self.attn = Attention(cfg, encoding, head_dim=head_dim, dtype=dtype, vo_gain=beta, rngs=rngs)
+        hidden = int(cfg.d_model * cfg.mlp_ratio)
+        self.mlp = MLP(cfg.mlp, cfg.d_model, hidden, dtype=dtype, gain=beta, rngs=rngs)
+
+        def norm():
+            return Norm(n.kind, cfg.d_model, eps=n.eps, dyt_alpha=float(n.dyt_alpha))
+
+        self.norm1, self.norm2 = norm(), norm()
+        sandwich = self.placement == "sandwich"
+        self.norm1_out = norm() if sandwich else None
+        self.norm2_out = norm() if sandwich else None
+        rezero = self.placement == "rezero"
+        self.gate1 = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
+        self.gate2 = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
+        self.dropout = nnx.Dropout(float(cfg.dropout), rngs=rngs)
+
+    def _residual(self, x, sublayer, norm, norm_out, gate):
+        return placements.residual(
+            self.placement, x, sublayer, norm, norm_out=norm_out, alpha=self.alpha,
+            gate=None if gate is None else gate[...].astype(x.dtype))
+
+    def __call__(self, x, attend, *, deterministic):
+        """x [B, L, D]; ``attend(h) -> (y, stats)`` runs this layer's attention on h."""
+        stats = {}
+
+        def attn_sub(h):
+            y, s = attend(self.attn, h)
+            stats.update(s or {})
+            return self.dropout(y, deterministic=deterministic)
+
+        x = self._residual(x, attn_sub, self.norm1, self.norm1_out, self.gate1)
+        mlp_sub = lambda h: self.dropout(self.mlp(h), deterministic=deterministic)  # noqa: E731
+        x = self._residual(x, mlp_sub, self.norm2, self.norm2_out, self.gate2)
+        return x, stats
