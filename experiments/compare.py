@@ -1,0 +1,117 @@
+"""Run a comparison grid, then write results.jsonl, table.md and plots.
+
+    python -m experiments.compare --config configs/compare.py:quick --workdir /tmp/compare
+
+Each grid point is ``config.base`` with overrides, trained and evaluated in
+WORKDIR/runs/<name>/ (resumable; complete runs are skipped). Then
+WORKDIR/results.jsonl holds every row (with ``variant`` and ``run``),
+WORKDIR/table.md the mean ± std over seeds per eval length, and
+WORKDIR/plots/<task>_<metric>.png the metric vs eval length.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+import experiments
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/compare.py[:ARG].",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
+_CACHE = flags.DEFINE_string("jax_cache_dir", experiments.DEFAULT_CACHE_DIR,
+                             "JAX persistent compilation cache directory ('' = off).")
+
+
+def _parse_value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(config, overrides: str) -> None:
+    """Apply ``"a.b=1;c.d=x"`` to ``config`` in place; ValueError on an unknown field."""
+    for item in filter(None, (s.strip() for s in overrides.split(";"))):
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not of the form dotted.field=value")
+        path, value = (s.strip() for s in item.split("=", 1))
+        *parents, last = path.split(".")
+        node = config
+        for p in parents:
+            if p not in node:
+                raise ValueError(f"unknown config field {path!r} in override {item!r}")
+            node = node[p]
+        if last not in node:
+            raise ValueError(f"unknown config field {path!r} in override {item!r}")
+        value = _parse_value(value)
+        if isinstance(node[last], float) and isinstance(value, int):
+            value = float(value)
+        node[last] = value
+
+
+def expand(config) -> list[tuple[str, str, object]]:
+    """Grid points ``(run name, variant, run config)`` in a fixed order."""
+    g = config.grid
+    points = []
+    for task, position, placement, norm, seed in itertools.product(
+        g.tasks, g.positions, g.placements, g.norms, g.seeds
+    ):
+        run = config.base.copy_and_resolve_references()
+        run.unlock()
+        run.task.name = task
+        if position in config.variants:
+            apply_overrides(run, config.variants[position])
+        else:
+            run.model.position.kind = position
+        run.model.norm.placement = placement
+        run.model.norm.kind = norm
+        run.train.seed = int(seed)
+        points.append((f"{task}_{position}_{norm}-{placement}_s{seed}", position, run))
+    return points
+
+
+def run_grid(config, workdir: str) -> list[dict]:
+    """Train / evaluate every grid point (skipping complete ones), write results, table and plots."""
+    from posenc.training import loop, report, results
+
+    loop.quiet_libraries()
+    points = expand(config)
+    all_rows, ran, skipped, t0 = [], 0, 0, time.time()
+    for i, (name, variant, run_config) in enumerate(points):
+        run_dir = os.path.join(workdir, "runs", name)
+        if loop.completed_rows(run_config, run_dir) is not None:
+            skipped += 1
+            logging.info("[%d/%d] %s: complete, skipped", i + 1, len(points), name)
+        else:
+            ran += 1
+            logging.info("[%d/%d] %s: training", i + 1, len(points), name)
+        rows = loop.run(run_config, run_dir, name=name)
+        all_rows += [dict(r, variant=variant, run=name) for r in rows]
+    results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)
+    report.write_table(all_rows, os.path.join(workdir, "table.md"))
+    plots = report.write_plots(all_rows, os.path.join(workdir, "plots"))
+    logging.info("%d runs trained, %d skipped in %.0fs; wrote %s, %s and %d plots", ran, skipped,
+                 time.time() - t0, os.path.join(workdir, "results.jsonl"),
+                 os.path.join(workdir, "table.md"), len(plots))
+    return all_rows
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    experiments.enable_compilation_cache(_CACHE.value)
+    from posenc.training import report
+
+    rows = run_grid(_CONFIG.value, _WORKDIR.value)
+    print(report.table_markdown(rows))
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)

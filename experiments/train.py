@@ -1,0 +1,46 @@
+"""Train one config, evaluate it at every eval length, write results.
+
+    python -m experiments.train --config configs/default.py --workdir /tmp/run
+    python -m experiments.train --config configs/default.py:alibi \
+        --config.train.steps=500 --workdir /tmp/alibi
+
+Writes WORKDIR/config.json, WORKDIR/checkpoints/ (Orbax, last k kept),
+WORKDIR/train_log.jsonl and WORKDIR/results.jsonl (one row per eval length).
+Rerunning with the same WORKDIR resumes from the last checkpoint, or only
+reports if the run is complete.
+"""
+
+from __future__ import annotations
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+import experiments
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:ARG]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and results.")
+_MAX_STEPS = flags.DEFINE_integer("max_steps_this_run", None,
+                                  "Stop after this many steps (checkpointed); rerun to resume.")
+_CACHE = flags.DEFINE_string("jax_cache_dir", experiments.DEFAULT_CACHE_DIR,
+                             "JAX persistent compilation cache directory ('' = off).")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    experiments.enable_compilation_cache(_CACHE.value)
+    from posenc.training import loop
+    from posenc.training.report import table_markdown
+
+    loop.quiet_libraries()
+    rows = loop.run(_CONFIG.value, _WORKDIR.value, max_steps_this_run=_MAX_STEPS.value)
+    if rows is None:
+        return
+    print(table_markdown(rows))
+    logging.info("results: %s/results.jsonl", _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)

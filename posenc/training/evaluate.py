@@ -1,0 +1,89 @@
+"""Length evaluation: loss, accuracy and exact match at every ``config.eval.lengths``.
+
+For each length, ``eval.num_batches`` batches of ``split="eval"`` data (every
+example at the largest problem size that fits) drawn from keys
+``fold_in(fold_in(key(eval.seed), length), i)``: the same evaluation set for
+every run, independent of training. Each length is one static shape, so it
+compiles once per process (the model switches to blocked attention for long
+sequences by itself). Models with randomized positions are evaluated with
+randomized positions as well (Ruoss et al. 2023), seeded the same way.
+
+Not applicable (metrics ``None`` and a ``not_applicable`` reason): a learned
+absolute table evaluated past its ``max_length`` rows, and randomized
+positions at lengths above ``randomized_max_position``.
+
+For the ``text`` task a row also carries ``position_loss``: mean loss over
+``eval.position_buckets`` equal position ranges ``[b L / n, (b + 1) L / n)``
+(the loss-vs-position curve of Press et al. 2022).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+
+from posenc.training import step as step_lib
+
+
+def not_applicable(config, length: int) -> str | None:
+    """Why evaluation at ``length`` is impossible for this model, or None."""
+    pos = config.model.position
+    kinds = set(pos.layer_kinds) | {pos.kind}
+    if "learned" in kinds and length > int(pos.max_length):
+        return f"learned position table has {int(pos.max_length)} rows < eval length {length}"
+    if pos.randomized and length > int(pos.randomized_max_position):
+        return (f"randomized positions are drawn from [0, {int(pos.randomized_max_position)}), "
+                f"fewer than eval length {length}")
+    return None
+
+
+def _buckets(position_loss, position_mask, num_buckets: int) -> list[dict]:
+    length = len(position_loss)
+    edges = np.linspace(0, length, num_buckets + 1).round().astype(int)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        if hi <= lo:
+            continue
+        m = float(position_mask[lo:hi].sum())
+        out.append({"start": int(lo), "end": int(hi),
+                    "loss": float(position_loss[lo:hi].sum() / m) if m > 0 else None})
+    return out
+
+
+def evaluate_length(model, task, config, length: int) -> dict:
+    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ position_loss)."""
+    reason = not_applicable(config, length)
+    if reason is not None:
+        return {"eval_length": int(length), "loss": None, "accuracy": None, "exact_match": None,
+                "not_applicable": reason}
+    per_position = config.task.name == "text"
+    batch_size = int(config.eval.batch_size)
+    fn = step_lib.eval_step_fn(task, config, int(length), batch_size, per_position=per_position)
+    graphdef, state = nnx.split(model)
+    root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
+    totals = None
+    for i in range(int(config.eval.num_batches)):
+        out = fn(graphdef, state, jax.random.fold_in(root, i))
+        totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
+    totals = jax.device_get(totals)
+    denom = max(float(totals["mask_sum"]), 1.0)
+    row = {
+        "eval_length": int(length),
+        "loss": float(totals["loss_sum"]) / denom,
+        "accuracy": float(totals["correct_sum"]) / denom,
+        "exact_match": float(totals["exact_sum"]) / max(float(totals["examples"]), 1.0),
+        "eval_tokens": int(totals["mask_sum"]),
+        "problem_size": int(task.max_size(int(length))) if config.task.name != "text" else None,
+    }
+    if per_position:
+        row["position_loss"] = _buckets(np.asarray(totals["position_loss"]),
+                                        np.asarray(totals["position_mask"]),
+                                        int(config.eval.position_buckets))
+    return row
+
+
+def evaluate(model, task, config, lengths=None) -> list[dict]:
+    """:func:`evaluate_length` at each of ``lengths`` (default ``config.eval.lengths``)."""
+    lengths = tuple(config.eval.lengths) if lengths is None else tuple(lengths)
+    return [evaluate_length(model, task, config, int(n)) for n in lengths]

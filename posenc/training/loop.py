@@ -1,0 +1,295 @@
+"""Train loop: train, checkpoint, resume, evaluate at every length, write results.
+
+``run(config, workdir)`` is the whole experiment of one config:
+  1. resolve the config (vocab size and RoPE ``original_length`` from the
+     task), validate it, write ``workdir/config.json`` (refusing a workdir
+     that holds a different config);
+  2. if ``workdir/results.jsonl`` already has every eval length of this
+     config, report and return its rows;
+  3. restore the newest checkpoint (parameters, optimizer state, step) if
+     any, train to ``train.steps`` with the jitted step; the batch of step
+     ``t`` comes from ``fold_in(fold_in(key(seed), DATA_STREAM), t)``, so a
+     resumed run sees exactly the data of an uninterrupted one and ends with
+     identical parameters and metrics;
+  4. evaluate at ``eval.lengths`` and atomically merge one row per length
+     into ``workdir/results.jsonl``.
+
+Metrics are checked for NaN / Inf at every log and checkpoint step (one
+host sync per check, not per step): a non-finite loss or gradient norm
+stops training with :class:`NonFiniteError` naming the step and metric, and
+no checkpoint is written after it, so the last good one stays on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging as py_logging
+import math
+import os
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+import posenc
+from posenc import registry
+from posenc import tasks as tasks_lib
+from posenc.model import Decoder, validate_config as validate_model_config
+from posenc.training import evaluate as evaluate_lib
+from posenc.training import optim, results
+from posenc.training import step as step_lib
+from posenc.training.checkpoint import Checkpointer
+
+DATA_STREAM = 0x5EED  # folded into key(seed) so data keys never equal nnx.Rngs(seed) init keys
+CHECKED = ("loss", "total_loss", "grad_norm")
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced a NaN / Inf loss or gradient norm."""
+
+
+def validate_config(config) -> None:
+    """Raise ValueError naming the first bad field of a training config."""
+    if config.task.name not in tasks_lib.TASKS:
+        raise ValueError(f"unknown task {config.task.name!r}; choose one of: {', '.join(tasks_lib.TASKS)}")
+    registry.check_position_kind(config.model.position.kind)
+    registry.check_norm_kind(config.model.norm.kind)
+    registry.check_placement(config.model.norm.placement)
+    positive = {"task.train_length": config.task.train_length, "train.steps": config.train.steps,
+                "train.batch_size": config.train.batch_size, "train.log_every": config.train.log_every,
+                "train.checkpoint_every": config.train.checkpoint_every,
+                "train.keep_checkpoints": config.train.keep_checkpoints,
+                "eval.batch_size": config.eval.batch_size, "eval.num_batches": config.eval.num_batches}
+    for name, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not config.train.learning_rate > 0:
+        raise ValueError(f"train.learning_rate must be > 0, got {config.train.learning_rate!r}")
+    optim.learning_rate_schedule(config.train)  # warmup_steps range
+    if config.train.z_loss < 0:
+        raise ValueError(f"train.z_loss must be >= 0, got {config.train.z_loss!r}")
+    lengths = tuple(config.eval.lengths)
+    if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
+        raise ValueError(f"eval.lengths must be a non-empty tuple of positive integers, got {lengths!r}")
+    pos = config.model.position
+    if pos.kind == "learned" and pos.max_length < config.task.train_length:
+        raise ValueError(f"model.position.max_length={pos.max_length} is shorter than "
+                         f"task.train_length={config.task.train_length}: the learned table needs a row per position")
+    if pos.randomized and pos.randomized_max_position < config.task.train_length:
+        raise ValueError(f"model.position.randomized_max_position={pos.randomized_max_position} must be >= "
+                         f"task.train_length={config.task.train_length}")
+
+
+def make_task(config):
+    """The task of ``config.task`` (name, seed, options)."""
+    return tasks_lib.make(config.task.name, seed=int(config.task.seed), **config.task.options.to_dict())
+
+
+def prepare_config(config):
+    """A resolved, unlocked copy of ``config`` with the task-dependent model fields filled in."""
+    config = ml_collections.ConfigDict(json.loads(results.canonical_json(config.to_dict())))
+    pos = config.model.position
+    pos.layer_kinds = tuple(pos.layer_kinds)
+    if int(pos.max_length) == 0:
+        pos.max_length = int(config.task.train_length)
+    validate_config(config)
+    task = make_task(config)
+    config.model.vocab_size = int(task.vocab_size)
+    if int(config.model.position.original_length) == 0:
+        config.model.position.original_length = int(config.task.train_length)
+    config.eval.lengths = tuple(int(n) for n in config.eval.lengths)
+    validate_model_config(config.model)
+    task.max_size(int(config.task.train_length))  # ValueError if too short for the task
+    return config, task
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _PlainProgress(total, initial)
+    return tqdm(total=total, initial=initial, file=sys.stderr, unit="step", dynamic_ncols=True)
+
+
+class _PlainProgress:
+    """A minimal stderr progress line (step, steps/s, ETA) when tqdm is missing."""
+
+    def __init__(self, total, initial):
+        self.total, self.n, self.start, self.first = total, initial, time.time(), initial
+
+    def update(self, k):
+        self.n += k
+
+    def set_postfix_str(self, s):
+        done = self.n - self.first
+        rate = done / max(time.time() - self.start, 1e-9)
+        eta = (self.total - self.n) / rate if rate > 0 else float("inf")
+        print(f"\rstep {self.n}/{self.total} {rate:.1f} step/s ETA {eta:.0f}s {s}", end="",
+              file=sys.stderr, flush=True)
+
+    def close(self):
+        print(file=sys.stderr, flush=True)
+
+
+def _tensorboard(config, workdir):
+    if not config.train.tensorboard:
+        return None
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        logging.warning("train.tensorboard=True but tensorboardX is not installed; "
+                        "pip install 'posenc[tensorboard]'. Continuing without event files.")
+        return None
+    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+def _check_finite(window, checkpoint_dir, last_good):
+    for step, metrics in window:
+        for name in CHECKED:
+            value = float(metrics.get(name, 0.0))
+            if not math.isfinite(value):
+                raise NonFiniteError(
+                    f"non-finite {name} ({value}) at step {step}; training stopped. The last good "
+                    f"checkpoint is step {last_good} in {checkpoint_dir} (no checkpoint is written "
+                    "after a non-finite step). Try a lower train.learning_rate, train.clip_norm, "
+                    "train.z_loss or a different model.norm.placement."
+                )
+
+
+def _complete_rows(rows, h, lengths):
+    mine = [r for r in rows if r.get("config_hash") == h]
+    return mine if {r["eval_length"] for r in mine} >= set(lengths) else None
+
+
+def completed_rows(config, workdir: str) -> list[dict] | None:
+    """The results rows of ``config`` in ``workdir`` if every eval length is there, else None."""
+    config, _ = prepare_config(config)
+    rows = results.read_jsonl(os.path.join(workdir, "results.jsonl"))
+    return _complete_rows(rows, results.config_hash(config), config.eval.lengths)
+
+
+def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
+    """Train, checkpoint, evaluate and write results for ``config`` in ``workdir``.
+
+    ``max_steps_this_run`` stops after that many steps (after checkpointing),
+    as if the process had been killed; the next call resumes. Returns the
+    results rows, or None if stopped before the end.
+    """
+    config, task = prepare_config(config)
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    h = results.config_hash(config)
+    config_path = os.path.join(workdir, "config.json")
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            old = json.load(f).get("config_hash")
+        if old != h:
+            raise ValueError(f"{workdir} holds a run with a different config (hash {old[:12]}..., this "
+                             f"config {h[:12]}...); use a new --workdir or remove the old one")
+    results.write_json(config_path, {"config": config.to_dict(), "config_hash": h})
+    results_path = os.path.join(workdir, "results.jsonl")
+    done = _complete_rows(results.read_jsonl(results_path), h, config.eval.lengths)
+    if done is not None:
+        logging.info("run %s is already complete (%d steps); results in %s", name or workdir,
+                     config.train.steps, results_path)
+        return done
+
+    model = Decoder(config.model, rngs=nnx.Rngs(int(config.train.seed)))
+    optimizer = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=int(config.train.keep_checkpoints))
+    start, record = 0, {"train_seconds": 0.0, "metrics": {}}
+    if ckpt.latest_step() is not None:
+        state, record = ckpt.restore(state)
+        start = int(record["step"])
+        logging.info("resumed from checkpoint step %d in %s", start, ckpt.directory)
+
+    steps = int(config.train.steps)
+    end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
+    train_step = step_lib.train_step_fn(task, config)
+    data_root = jax.random.fold_in(jax.random.key(int(config.train.seed)), DATA_STREAM)
+    log_every, ckpt_every = int(config.train.log_every), int(config.train.checkpoint_every)
+    writer = _tensorboard(config, workdir)
+    bar = _progress(steps, start, bool(config.train.progress) and end > start)
+    log_path = os.path.join(workdir, "train_log.jsonl")
+    log_rows = [r for r in results.read_jsonl(log_path) if r["step"] <= start]
+    window, last_good, last_metrics = [], start if start else None, record.get("metrics", {})
+    t0, seconds = time.time(), float(record.get("train_seconds", 0.0))
+    try:
+        for t in range(start, end):
+            state, metrics = train_step(graphdef, state, jax.random.fold_in(data_root, t))
+            window.append((t + 1, metrics))
+            s = t + 1
+            is_ckpt = s % ckpt_every == 0 or s == steps or s == end
+            if s % log_every == 0 or is_ckpt:
+                window = [(k, jax.device_get(m)) for k, m in window]
+                _check_finite(window, ckpt.directory, last_good)
+                last_metrics = {k: float(np.mean([float(m[k]) for _, m in window])) for k in window[-1][1]}
+                last_metrics["lr"] = float(window[-1][1]["lr"])
+                log_rows.append({"step": s, **last_metrics})
+                logging.info("step %d/%d %s", s, steps, " ".join(f"{k}={v:.4g}" for k, v in sorted(last_metrics.items())))
+                if writer is not None:
+                    for k, v in last_metrics.items():
+                        writer.add_scalar(f"train/{k}", v, s)
+                if bar is not None:
+                    bar.update(len(window))
+                    bar.set_postfix_str(f"loss={last_metrics['loss']:.4f} acc={last_metrics['accuracy']:.3f}")
+                window = []
+            if is_ckpt:
+                ckpt.save(s, state, {"step": s, "metrics": last_metrics,
+                                     "train_seconds": seconds + time.time() - t0})
+                results.write_jsonl(log_path, log_rows)
+                last_good = s
+    finally:
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.flush()
+        ckpt.close()
+    seconds += time.time() - t0
+    if end < steps:
+        logging.info("stopped after step %d of %d; rerun with the same --workdir to resume", end, steps)
+        return None
+
+    nnx.update((model, optimizer), state)
+    t1 = time.time()
+    evals = evaluate_lib.evaluate(model, task, config)
+    eval_seconds = time.time() - t1
+    pos, norm = config.model.position, config.model.norm
+    rows = []
+    for ev in evals:
+        rows.append(results.make_row(
+            name=name or os.path.basename(workdir), task=config.task.name, position=pos.kind,
+            scaling=pos.scaling if pos.kind in ("rope", "irope") else None,
+            randomized=bool(pos.randomized), norm=norm.kind, placement=norm.placement,
+            seed=int(config.train.seed), train_length=int(config.task.train_length), steps=steps,
+            config_hash=h, train_loss=last_metrics.get("loss"), train_accuracy=last_metrics.get("accuracy"),
+            train_seconds=seconds, eval_seconds=eval_seconds, wall_time=time.time(),
+            jax_version=jax.__version__, posenc_version=posenc.__version__,
+            task_metadata=task.metadata(), **ev))
+        if writer is not None:
+            for k in results.METRICS:
+                if ev[k] is not None:
+                    writer.add_scalar(f"eval/{k}", ev[k], ev["eval_length"])
+    merged = results.merge_rows(results.read_jsonl(results_path), rows)
+    results.write_jsonl(results_path, merged)
+    for r in rows:
+        logging.info("eval length %d: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
+                     _fmt(r["loss"]), _fmt(r["accuracy"]), _fmt(r["exact_match"]))
+    return rows
+
+
+def _fmt(v):
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def quiet_libraries() -> None:
+    """Silence Orbax / absl chatter below WARNING in library loggers."""
+    for name in ("orbax", "absl.orbax", "jax._src"):
+        py_logging.getLogger(name).setLevel(py_logging.WARNING)

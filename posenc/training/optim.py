@@ -1,0 +1,80 @@
+"""Optimizer: AdamW with linear warmup, cosine decay and global-norm clipping.
+
+Loshchilov & Hutter 2019 (AdamW); the schedule is the usual GPT one:
+``lr(t) = peak * t / warmup`` for ``t < warmup``, then
+``end + (peak - end) * (1 + cos(pi * (t - warmup) / (steps - warmup))) / 2``.
+Weight decay applies to matrices only (``ndim >= 2``): gains, biases and
+scalar gates keep their scale.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import optax
+
+
+def learning_rate_schedule(train) -> optax.Schedule:
+    """Warmup + cosine schedule from ``config.train`` (steps, learning_rate, warmup_steps, min_lr_ratio)."""
+    steps, warmup = int(train.steps), int(train.warmup_steps)
+    if steps <= 0:
+        raise ValueError(f"train.steps must be > 0, got {steps}")
+    if not 0 <= warmup <= steps:
+        raise ValueError(f"train.warmup_steps must be in [0, train.steps={steps}], got {warmup}")
+    peak = float(train.learning_rate)
+    if not peak > 0:
+        raise ValueError(f"train.learning_rate must be > 0, got {peak}")
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=peak,
+        warmup_steps=warmup,
+        decay_steps=max(steps, warmup + 1),
+        end_value=peak * float(train.min_lr_ratio),
+    )
+
+
+def _decay_mask(params):
+    return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
+
+
+def _key(train) -> str:
+    fields = ("steps", "warmup_steps", "learning_rate", "min_lr_ratio", "weight_decay",
+              "clip_norm", "b1", "b2", "eps")
+    return json.dumps({f: train[f] for f in fields}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _make(key: str) -> optax.GradientTransformation:
+    train = json.loads(key)
+
+    class _T(dict):
+        __getattr__ = dict.__getitem__
+
+    train = _T(train)
+    schedule = learning_rate_schedule(train)
+    chain = []
+    if float(train.clip_norm) > 0:
+        chain.append(optax.clip_by_global_norm(float(train.clip_norm)))
+    chain.append(
+        optax.adamw(
+            schedule,
+            b1=float(train.b1),
+            b2=float(train.b2),
+            eps=float(train.eps),
+            weight_decay=float(train.weight_decay),
+            mask=_decay_mask,
+        )
+    )
+    return optax.chain(*chain)
+
+
+def make_optimizer(train) -> optax.GradientTransformation:
+    """``clip_by_global_norm(clip_norm)`` then AdamW on the warmup + cosine schedule.
+
+    The same ``config.train`` values return the same transformation object, so
+    models that differ only in seed share a graph definition and the jitted
+    train step compiles once per process.
+    """
+    return _make(_key(train))

@@ -1,0 +1,147 @@
+"""Results: one JSON row per (run, eval length), atomic JSONL files, config hashes.
+
+A row holds at least :data:`REQUIRED_FIELDS`. Metrics that do not apply
+(e.g. a learned table evaluated past its rows) are ``null`` and the row says
+why in ``not_applicable``. Files are replaced atomically (write a temporary
+file in the same directory, fsync, ``os.replace``): a killed writer leaves
+the previous file intact, and rows are keyed by ``(config_hash, eval_length)``
+so a rerun never duplicates them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from typing import Iterable
+
+REQUIRED_FIELDS = (
+    "task", "position", "norm", "placement", "seed", "train_length", "eval_length",
+    "loss", "accuracy", "exact_match", "steps", "config_hash",
+)
+METRICS = ("loss", "accuracy", "exact_match")
+
+# Fields that say where or how verbosely a run happens, not what it computes.
+VOLATILE_FIELDS = (
+    "workdir", "name",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
+    "train.tensorboard", "train.progress", "train.max_steps_this_run",
+)
+
+
+def _to_dict(config) -> dict:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def _drop(d: dict, dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for p in parents:
+        d = d.get(p)
+        if not isinstance(d, dict):
+            return
+    d.pop(last, None)
+
+
+def canonical_json(obj) -> str:
+    """Sorted-key compact JSON; tuples become lists (stable across reloads)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_default)
+
+
+def _default(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def config_hash(config) -> str:
+    """sha256 (hex) of the canonical JSON of ``config`` minus :data:`VOLATILE_FIELDS`."""
+    d = json.loads(canonical_json(_to_dict(config)))
+    for f in VOLATILE_FIELDS:
+        _drop(d, f)
+    return hashlib.sha256(canonical_json(d).encode()).hexdigest()
+
+
+def _clean(value):
+    # JSON has no NaN / Infinity: store them as null (json.dumps would write
+    # invalid JSON otherwise).
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return _clean(value.item())
+    return value
+
+
+def validate_row(row: dict) -> dict:
+    """Return ``row`` if it has every required field with a sensible type, else raise ValueError."""
+    missing = [f for f in REQUIRED_FIELDS if f not in row]
+    if missing:
+        raise ValueError(f"results row is missing fields {missing}; required: {', '.join(REQUIRED_FIELDS)}")
+    for f in ("seed", "train_length", "eval_length", "steps"):
+        if not isinstance(row[f], int) or isinstance(row[f], bool):
+            raise ValueError(f"results field {f!r} must be an int, got {row[f]!r}")
+    for f in METRICS:
+        if row[f] is not None and not isinstance(row[f], (int, float)):
+            raise ValueError(f"results field {f!r} must be a number or null, got {row[f]!r}")
+    if not (isinstance(row["config_hash"], str) and len(row["config_hash"]) == 64):
+        raise ValueError(f"config_hash must be a 64-character sha256 hex string, got {row['config_hash']!r}")
+    return row
+
+
+def make_row(**fields) -> dict:
+    """A validated, JSON-clean results row."""
+    return validate_row(_clean(dict(fields)))
+
+
+def row_key(row: dict) -> tuple:
+    return (row["config_hash"], row["eval_length"])
+
+
+def merge_rows(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
+    """Rows of ``old`` and ``new`` with one row per key; ``new`` wins, order kept."""
+    merged: dict[tuple, dict] = {}
+    for r in list(old) + list(new):
+        merged[row_key(r)] = r
+    return list(merged.values())
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (temp file in the same dir, fsync, os.replace)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_jsonl(path: str, rows: Iterable[dict]) -> None:
+    """Atomically write ``rows`` (one JSON object per line) to ``path``."""
+    atomic_write_text(path, "".join(json.dumps(_clean(r), sort_keys=True) + "\n" for r in rows))
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Rows of a JSONL file; ``[]`` if it does not exist."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_json(path: str, obj) -> None:
+    """Atomically write ``obj`` as indented, sorted JSON."""
+    atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=True, default=_default) + "\n")

@@ -1,0 +1,162 @@
+"""Jitted functional train and eval steps.
+
+The model and optimizer are split once, ``graphdef, state =
+nnx.split((model, optimizer))``; each step is a ``jax.jit`` function of
+``(graphdef, state, key)`` that merges inside, generates its batch from
+``key`` (so data needs no host round trip), and returns the new state: no
+Python graph traversal per step. ``graphdef`` has no array leaves, so jit
+treats it as static. Jitted functions are cached per (task, shapes, train
+settings): runs in one process with equal shapes reuse the compiled step.
+
+Losses (masked to answer tokens, ``m``):
+  loss = sum(m * CE(logits, targets)) / sum(m)
+  total = loss + z_loss_weight * mean_m(logsumexp(logits)^2)   (PaLM z-loss)
+  accuracy = sum(m * [argmax == target]) / sum(m)
+  exact_match = mean over examples with any answer token of [all answer tokens right]
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from posenc import absolute, stability
+from posenc.training import optim
+
+_CACHE: dict[tuple, object] = {}
+
+
+def masked_metrics(logits, targets, mask) -> dict:
+    """Masked cross-entropy, token accuracy and exact match of ``logits`` [B, L, V]."""
+    logits = logits.astype(jnp.float32)
+    mask = mask.astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    denom = jnp.maximum(mask.sum(), 1.0)
+    has_answer = mask.sum(-1) > 0
+    example_right = jnp.all((correct > 0) | (mask == 0), axis=-1) & has_answer
+    return {
+        "loss": (ce * mask).sum() / denom,
+        "accuracy": (correct * mask).sum() / denom,
+        "exact_match": example_right.sum() / jnp.maximum(has_answer.sum(), 1),
+    }
+
+
+def positions_for(config, key, batch_size: int, length: int):
+    """Positions fed to the model: None (0..L-1), or randomized (Ruoss et al. 2023).
+
+    Randomized: ``length`` sorted distinct draws from
+    ``[0, randomized_max_position)`` per example, at training and at
+    evaluation alike (the model never sees the plain 0..L-1 layout).
+    """
+    pos = config.model.position
+    if not pos.randomized:
+        return None
+    return absolute.randomized_positions(
+        key, length, max_position=int(pos.randomized_max_position), batch_shape=(batch_size,)
+    )
+
+
+def _task_key(config) -> str:
+    return json.dumps(config.task.to_dict(), sort_keys=True, default=str)
+
+
+def _min_size(config):
+    return int(config.task.min_size) or None
+
+
+def train_step_fn(task, config):
+    """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
+
+    ``state`` is the state of ``(model, optimizer)``; metrics (float32
+    scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
+    lr, and the model's stats (max_attention_logit, attention_entropy,
+    logit_mean, log_z).
+    """
+    train, pos = config.train, config.model.position
+    key = ("train", _task_key(config), int(train.batch_size), int(config.task.train_length),
+           optim._key(train), float(train.z_loss), bool(pos.randomized),
+           int(pos.randomized_max_position))
+    if key in _CACHE:
+        return _CACHE[key]
+    batch_size, length = int(train.batch_size), int(config.task.train_length)
+    min_size, z_weight = _min_size(config), float(train.z_loss)
+    schedule = optim.learning_rate_schedule(train)
+
+    def step(graphdef, state, key):
+        model, optimizer = nnx.merge(graphdef, state)
+        data_key, pos_key = jax.random.split(key)
+        batch = task.batch(data_key, batch_size, length, min_size=min_size, split="train")
+        positions = positions_for(config, pos_key, batch_size, length)
+        mgraph, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss_fn(params):
+            m = nnx.merge(mgraph, params, rest)
+            logits, stats = m(batch["inputs"], positions, deterministic=False, return_stats=True)
+            metrics = masked_metrics(logits, batch["targets"], batch["mask"])
+            zl = (stability.z_loss(logits, weight=z_weight, mask=batch["mask"])
+                  if z_weight > 0 else jnp.zeros((), jnp.float32))
+            total = metrics["loss"] + zl
+            metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in stats.items()})
+            metrics.update(z_loss=zl, total_loss=total)
+            return total, metrics
+
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["lr"] = schedule(optimizer.step[...])
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), metrics
+
+    fn = jax.jit(step, donate_argnums=(1,))
+    _CACHE[key] = fn
+    return fn
+
+
+def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bool = False):
+    """``step(graphdef, state, key) -> sums`` for the model's ``(graphdef, state)``.
+
+    Returns summed statistics (so batches add up exactly): loss_sum,
+    correct_sum, mask_sum, exact_sum, examples; with ``per_position`` also
+    ``position_loss`` [L] and ``position_mask`` [L] (sums over the batch).
+    """
+    pos = config.model.position
+    key = ("eval", _task_key(config), int(length), int(batch_size), bool(per_position),
+           bool(pos.randomized), int(pos.randomized_max_position))
+    if key in _CACHE:
+        return _CACHE[key]
+
+    def step(graphdef, state, key):
+        model = nnx.merge(graphdef, state)
+        data_key, pos_key = jax.random.split(key)
+        batch = task.batch(data_key, batch_size, length, split="eval")
+        positions = positions_for(config, pos_key, batch_size, length)
+        logits = model(batch["inputs"], positions, deterministic=True).astype(jnp.float32)
+        targets, mask = batch["targets"], batch["mask"].astype(jnp.float32)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+        has_answer = mask.sum(-1) > 0
+        right = jnp.all((correct > 0) | (mask == 0), axis=-1) & has_answer
+        out = {
+            "loss_sum": (ce * mask).sum(),
+            "correct_sum": (correct * mask).sum(),
+            "mask_sum": mask.sum(),
+            "exact_sum": right.sum().astype(jnp.float32),
+            "examples": has_answer.sum().astype(jnp.float32),
+        }
+        if per_position:
+            out["position_loss"] = (ce * mask).sum(0)
+            out["position_mask"] = mask.sum(0)
+        return out
+
+    fn = jax.jit(step)
+    _CACHE[key] = fn
+    return fn
+
+
+def clear_cache() -> None:
+    """Forget cached jitted steps (e.g. between unrelated experiments)."""
+    _CACHE.clear()
