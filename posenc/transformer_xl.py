@@ -1,0 +1,100 @@
+"""Transformer-XL relative positional attention terms.
+
+Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a
+Fixed-Length Context". With R_r the sinusoidal embedding of distance
+r = i - j and learned per-head biases u, v::
+
+    score[h, i, j] = q_i . k_j + u . k_j + (q_i + v) . (W_r R_{i-j})
+                     (a)         (c)       (b) + (d)
+
+``logits`` returns the terms after (a): ``u . k_j + (q_i + v) . (W_r R_{i-j})``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from posenc.absolute import check_positions, relative_distances
+from posenc.shaw import gather_last
+
+
+def relative_embedding(distances, dim: int) -> jax.Array:
+    """Sinusoidal embedding of distances, concat layout as in the TXL code.
+
+    ``R_r = [sin(r inv), cos(r inv)]``, ``inv_i = 10000^(-2i / dim)``,
+    i = 0..dim/2-1.
+
+    Shapes: distances [...] (int or float) -> float32 [..., dim].
+    """
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 2 or dim % 2:
+        raise ValueError(f"dim must be a positive even integer, got {dim!r}")
+    inv = jnp.asarray(10000.0 ** (-np.arange(0, dim, 2, dtype=np.float64) / dim), jnp.float32)
+    angles = jnp.asarray(distances).astype(jnp.float32)[..., None] * inv
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def _check_shapes(q, k, u, v, w_r):
+    if q.ndim < 3 or k.ndim < 3 or q.shape[-2:] != k.shape[-2:]:
+        raise ValueError(f"q and k must have shape [..., L, H, Dh] with equal H, Dh; got {q.shape}, {k.shape}")
+    hd = q.shape[-2:]
+    if u.shape != hd or v.shape != hd:
+        raise ValueError(f"u and v must have shape [H, Dh] = {list(hd)}, got {list(u.shape)}, {list(v.shape)}")
+    if w_r.ndim != 3 or w_r.shape[1:] != hd or w_r.shape[0] % 2:
+        raise ValueError(f"w_r must have shape [D_r, H, Dh] with D_r even and [H, Dh] = {list(hd)}, got {list(w_r.shape)}")
+
+
+def logits(q, k, q_positions, k_positions, *, u, v, w_r, contiguous: bool = False) -> jax.Array:
+    """Transformer-XL position terms ``u . k_j + (q_i + v) . (W_r R_{i-j})``.
+
+    Add the result to the content term ``q . k`` (before any 1/sqrt(dh)
+    scaling, as in the TXL code, which scales the sum).
+
+    Two exact evaluations, neither materialising [Lq, Lk, H, Dh]:
+
+    - ``contiguous=False`` (default, any positions): with
+      ``P_i = W_r^T (q_i + v)`` split into sin / cos halves, the angle-sum
+      identity gives ``P_i . R_{a-b} = (Ps_i sin_a + Pc_i cos_a) . cos_b +
+      (Pc_i sin_a - Ps_i cos_a) . sin_b`` for a = q_pos[i], b = k_pos[j]:
+      two [Lq, D_r/2] x [D_r/2, Lk] matmuls per head.
+    - ``contiguous=True`` (the "rel-shift" form): when each of q_positions and
+      k_positions is a run of consecutive integers (training blocks, cached
+      decoding) the block holds only Lq + Lk - 1 distinct distances; the
+      position term is evaluated for those and gathered. A pair whose
+      distance is not in that range (positions with gaps) comes back NaN,
+      never a wrong value.
+
+    Shapes: q [..., Lq, H, Dh], k [..., Lk, H, Dh], positions int [..., Lq],
+    [..., Lk], u, v [H, Dh], w_r [D_r, H, Dh] -> float32 [..., H, Lq, Lk].
+    """
+    q, k, u, v, w_r = (jnp.asarray(x) for x in (q, k, u, v, w_r))
+    _check_shapes(q, k, u, v, w_r)
+    f32 = jnp.float32
+    q, k, u, v, w_r = (x.astype(f32) for x in (q, k, u, v, w_r))
+    qpos = check_positions(q_positions, "q_positions").astype(jnp.int32)
+    kpos = check_positions(k_positions, "k_positions").astype(jnp.int32)
+    d_r = w_r.shape[0]
+    term_c = jnp.einsum("hd,...khd->...hk", u, k)[..., :, None, :]  # [..., H, 1, Lk]
+    qv = q + v  # [..., Lq, H, Dh]
+    if contiguous:
+        lq, lk = qv.shape[-3], kpos.shape[-1]
+        dmax = qpos[..., -1] - kpos[..., 0]  # largest distance of a consecutive block
+        table_d = dmax[..., None] - jnp.arange(lq + lk - 1, dtype=jnp.int32)  # [..., N]
+        wr = jnp.einsum("...nf,fhd->...nhd", relative_embedding(table_d, d_r), w_r)  # [..., N, H, Dh]
+        per_dist = jnp.einsum("...qhd,...nhd->...hqn", qv, wr)  # [..., H, Lq, N]
+        t = dmax[..., None, None] - relative_distances(qpos, kpos)  # row of each pair
+        n = lq + lk - 1
+        t = jnp.where((t < 0) | (t >= n), n, t)[..., None, :, :]
+        per_dist = jnp.concatenate([per_dist, jnp.full((*per_dist.shape[:-1], 1), jnp.nan, f32)], -1)
+        term_bd = gather_last(per_dist, t)
+    else:
+        p = jnp.einsum("...qhd,fhd->...hqf", qv, w_r)  # [..., H, Lq, D_r]
+        ps, pc = p[..., : d_r // 2], p[..., d_r // 2 :]
+        ea, eb = relative_embedding(qpos, d_r), relative_embedding(kpos, d_r)  # [..., L, D_r]
+        sa, ca = ea[..., None, :, : d_r // 2], ea[..., None, :, d_r // 2 :]  # [..., 1, Lq, D_r/2]
+        sb, cb = eb[..., None, :, : d_r // 2], eb[..., None, :, d_r // 2 :]  # [..., 1, Lk, D_r/2]
+        x_cos = ps * sa + pc * ca  # multiplies cos(b w)
+        x_sin = pc * sa - ps * ca  # multiplies sin(b w)
+        term_bd = jnp.einsum("...qf,...kf->...qk", x_cos, cb) + jnp.einsum("...qf,...kf->...qk", x_sin, sb)
+    return term_c + term_bd
