@@ -73,14 +73,30 @@ def _seq_len_value(kind: str, seq_len):
     return int(seq_len)
 
 
-def _exponents(d: int) -> jax.Array:
+_F32 = np.float32
+
+
+def _exponents(d: int) -> np.ndarray:
     # HF: torch.arange(0, d, 2).float() / d, a float32 tensor.
-    return jnp.arange(0, d, 2, dtype=jnp.int32).astype(jnp.float32) / d
+    return np.arange(0, d, 2, dtype=np.int64).astype(_F32) / _F32(d)
 
 
-def _default_inv_freq(base, d: int) -> jax.Array:
-    # 1 / base^(2i/d); a Python `base` is weakly typed, so the power runs in float32.
-    return 1.0 / (base ** _exponents(d))
+def _default_inv_freq(base: float, d: int) -> np.ndarray:
+    # 1 / base^(2i/d) in float32. Concrete values use NumPy float32 (C powf,
+    # <= 1 ulp, as torch on CPU): XLA's float32 pow loses ~|ln base| ulps.
+    return _F32(1.0) / (_F32(base) ** _exponents(d))
+
+
+def _dynamic_inv_freq_traced(base, factor, original_length, n, d):
+    """Dynamic NTK frequencies for a jax-array sequence length (float32).
+
+    base'^(-2i/d) = base^(-2i/d) * ratio^(-(d/(d-2)) 2i/d): the large,
+    concrete part stays exact and only the small log(ratio) is traced.
+    """
+    n = jnp.maximum(n, original_length).astype(jnp.float32)
+    ratio = (factor * n / original_length) - (factor - 1)
+    log_scale = -(d / (d - 2)) * jnp.log(ratio) * jnp.asarray(_exponents(d))
+    return jnp.asarray(_default_inv_freq(base, d)) * jnp.exp(log_scale)
 
 
 def _mscale(scale, k=1.0):
@@ -115,25 +131,32 @@ def _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, trunc
     low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001  # avoid 0 / 0
-    ramp = jnp.clip((jnp.arange(d // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    ramp = np.clip((np.arange(d // 2, dtype=_F32) - _F32(low)) / _F32(high - low), 0, 1).astype(_F32)
 
-    pos_freqs = base ** _exponents(d)
-    inv_extrapolation = 1.0 / pos_freqs
-    inv_interpolation = 1.0 / (factor * pos_freqs)
-    extrapolation_weight = 1 - ramp
-    return inv_interpolation * (1 - extrapolation_weight) + inv_extrapolation * extrapolation_weight
+    pos_freqs = _F32(base) ** _exponents(d)
+    inv_extrapolation = _F32(1.0) / pos_freqs
+    if isinstance(factor, jax.Array):  # traced dynamic_yarn factor
+        inv_interpolation = 1.0 / (factor * jnp.asarray(pos_freqs))
+    else:
+        inv_interpolation = _F32(1.0) / (_F32(factor) * pos_freqs)
+    extrapolation_weight = _F32(1) - ramp
+    return inv_interpolation * (_F32(1) - extrapolation_weight) + inv_extrapolation * extrapolation_weight
 
 
 def _llama3_inv_freq(d, base, factor, original_length, low_freq_factor, high_freq_factor):
+    # HF compares and combines float32 tensors with Python scalars, which
+    # torch rounds to float32 first; the explicit casts do the same.
     inv_freq = _default_inv_freq(base, d)
-    low_freq_wavelen = original_length / low_freq_factor
-    high_freq_wavelen = original_length / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_length / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    low_freq_wavelen = _F32(original_length / low_freq_factor)
+    high_freq_wavelen = _F32(original_length / high_freq_factor)
+    wavelen = _F32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / _F32(factor), inv_freq)
+    smooth = (_F32(original_length) / wavelen - _F32(low_freq_factor)) / _F32(
+        high_freq_factor - low_freq_factor
+    )
+    smoothed = (_F32(1) - smooth) * scaled / _F32(factor) + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return jnp.where(is_medium, smoothed, scaled)
+    return np.where(is_medium, smoothed, scaled)
 
 
 def _check_factors(name: str, values, half: int) -> jax.Array:
@@ -147,7 +170,7 @@ def _check_factors(name: str, values, half: int) -> jax.Array:
         )
     if not np.all(np.isfinite(arr)) or not np.all(arr > 0):
         raise ValueError(f"{name} entries must be positive and finite; got {values!r}")
-    return jnp.asarray(arr, dtype=jnp.float32)
+    return arr.astype(_F32)
 
 
 def frequencies(
@@ -237,17 +260,29 @@ def frequencies(
     if kind in _NEEDS_SEQ_LEN:
         seq_len = _seq_len_value(kind, seq_len)
 
+    inv_freq, attention_factor = _compute(
+        kind, d, base, factor, original_length, seq_len, beta_fast, beta_slow, mscale,
+        mscale_all_dim, truncate, short_factor, long_factor, low_freq_factor, high_freq_factor,
+        attention_factor,
+    )
+    return jnp.asarray(inv_freq, dtype=jnp.float32), attention_factor
+
+
+def _compute(kind, d, base, factor, original_length, seq_len, beta_fast, beta_slow, mscale,
+             mscale_all_dim, truncate, short_factor, long_factor, low_freq_factor,
+             high_freq_factor, attention_factor):
+    """Per-kind arithmetic, after the shared checks in `frequencies`."""
+    traced = isinstance(seq_len, jax.Array)
     if kind == "default":
         return _default_inv_freq(base, d), 1.0
     if kind == "linear":
-        return _default_inv_freq(base, d) / factor, 1.0
+        return _default_inv_freq(base, d) / _F32(factor), 1.0
     if kind == "ntk":
         return _default_inv_freq(base * factor ** (d / (d - 2)), d), 1.0
     if kind == "dynamic":
-        if isinstance(seq_len, jax.Array):
-            n = jnp.maximum(seq_len, original_length).astype(jnp.float32)
-        else:
-            n = max(seq_len, original_length)
+        if traced:
+            return _dynamic_inv_freq_traced(base, factor, original_length, seq_len, d), 1.0
+        n = max(seq_len, original_length)  # n <= L: default frequencies
         new_base = base * ((factor * n / original_length) - (factor - 1)) ** (d / (d - 2))
         return _default_inv_freq(new_base, d), 1.0
 
@@ -262,7 +297,7 @@ def frequencies(
             if value is not None and (not _is_real(value) or not math.isfinite(value)):
                 raise ValueError(f"{name} must be None or a finite number; got {value!r}")
         if kind == "dynamic_yarn":
-            if isinstance(seq_len, jax.Array):
+            if traced:
                 factor = jnp.maximum(1.0, seq_len.astype(jnp.float32) / original_length)
             else:
                 factor = max(1.0, seq_len / original_length)
@@ -284,12 +319,11 @@ def frequencies(
                 raise ValueError(f"original_length must be > 1 for kind 'longrope'; got {original_length!r}")
             else:
                 attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_length))
-        shape = base ** _exponents(d)
-        if isinstance(seq_len, jax.Array):
-            ext = jnp.where(seq_len > original_length, long, short)
-        else:
-            ext = long if seq_len > original_length else short
-        return 1.0 / (ext * shape), float(attention_factor)
+        shape = _F32(base) ** _exponents(d)
+        inv_short, inv_long = _F32(1.0) / (short * shape), _F32(1.0) / (long * shape)
+        if traced:
+            return jnp.where(seq_len > original_length, inv_long, inv_short), float(attention_factor)
+        return (inv_long if seq_len > original_length else inv_short), float(attention_factor)
 
     # llama3
     low_freq_factor = _check_positive("low_freq_factor", low_freq_factor)

@@ -1,0 +1,408 @@
+"""posenc.rope.frequencies: golden vectors, parity with a float64 transcription
+of HuggingFace transformers' modeling_rope_utils, jit with a traced seq_len,
+and every validation error."""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc import rope
+
+# ---------------------------------------------------------------------------
+# Independent NumPy float64 reference, transcribed from the HF formulas
+# (_compute_{default,linear_scaling,dynamic_ntk,yarn,longrope,llama3}_parameters).
+# Two deliberate float32 steps, where HF's float32 tensors lose more than a
+# few ulps and float64 would then disagree with HF itself:
+# - the exponent arange(0, d, 2) / d: ln(base) (up to ~14) amplifies its
+#   rounding to ~1e-6 relative in base**exponent;
+# - the YaRN ramp: HF mixes with weight 1 - ramp, which cancels near ramp = 1.
+# What remains is a few float32 ulps, hence rtol 1e-6.
+# ---------------------------------------------------------------------------
+
+
+def ref_exponent(d):
+    return (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)).astype(np.float64)
+
+
+def ref_default(d, base):
+    return 1.0 / base ** ref_exponent(d)
+
+
+def ref_mscale(s, k=1.0):
+    return 1.0 if s <= 1 else 0.1 * k * math.log(s) + 1.0
+
+
+def ref_yarn(d, base, s, L, beta_fast=32.0, beta_slow=1.0, truncate=True,
+             mscale=None, mscale_all_dim=None, attention_factor=None):
+    def corr(r):
+        return d * math.log(L / (r * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = corr(beta_fast), corr(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    f32 = np.float32
+    ramp = np.clip((np.arange(d // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1)
+    ramp = (f32(1) - (f32(1) - ramp)).astype(np.float64)  # HF's weight 1 - (1 - ramp)
+    inv = ref_default(d, base)
+    out = (inv / s) * ramp + inv * (1 - ramp)
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = ref_mscale(s, mscale) / ref_mscale(s, mscale_all_dim)
+        else:
+            attention_factor = ref_mscale(s)
+    return out, attention_factor
+
+
+def ref_dynamic(d, base, s, L, n):
+    n = max(n, L)
+    new_base = base * ((s * n / L) - (s - 1)) ** (d / (d - 2))
+    return ref_default(d, new_base), 1.0
+
+
+def ref_longrope(d, base, s, L, n, short, long, attention_factor=None):
+    lam = np.asarray(long if n > L else short, dtype=np.float32).astype(np.float64)
+    if attention_factor is None:
+        attention_factor = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(L))
+    return 1.0 / (lam * base ** ref_exponent(d)), attention_factor
+
+
+def ref_llama3(d, base, s, L, a=1.0, b=4.0):
+    inv = ref_default(d, base)
+    wl = 2 * math.pi / inv
+    t = (L / wl - a) / (b - a)
+    out = np.where(wl > L / a, inv / s, np.where(wl < L / b, inv, (1 - t) * inv / s + t * inv))
+    return out, 1.0
+
+
+def freqs(*args, **kwargs):
+    inv, af = rope.frequencies(*args, **kwargs)
+    assert isinstance(inv, jax.Array) and inv.dtype == jnp.float32
+    return np.asarray(inv), af
+
+
+def check(kind, ref, rtol=1e-6, **kw):
+    inv, af = freqs(kind, **kw)
+    ref_inv, ref_af = ref
+    assert inv.dtype == jnp.float32 and inv.shape == (kw["rotary_dim"] // 2,)
+    np.testing.assert_allclose(np.asarray(inv), ref_inv, rtol=rtol, atol=0)
+    assert isinstance(af, float)
+    assert af == pytest.approx(ref_af, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# Golden vectors (shared/reference/positional.md): head dim 128, base 1e4.
+# ---------------------------------------------------------------------------
+
+
+def test_golden_default():
+    inv, af = freqs("default", 128)
+    np.testing.assert_allclose(inv[[0, 1, 16, 63]], [1.0, 0.86596, 0.1, 1.1548e-04], rtol=5e-5)
+    assert af == 1.0
+
+
+def test_golden_dynamic():
+    inv, af = freqs("dynamic", 128, factor=10, original_length=2048, seq_len=16384)
+    base = 10000.0 * ((10 * 16384 / 2048) - 9) ** (128 / 126)
+    assert base == pytest.approx(759702.23, rel=1e-8)
+    np.testing.assert_allclose(inv[[1, 63]], [0.80931, 1.6265e-06], rtol=5e-5)
+    assert af == 1.0
+
+
+def test_golden_yarn():
+    inv, af = freqs("yarn", 128, factor=10, original_length=2048)
+    default, _ = freqs("default", 128)
+    np.testing.assert_array_equal(inv[:17], default[:17])  # low = 16: ramp is 0 up to pair 16
+    np.testing.assert_allclose(inv[[17, 40]], [8.3479e-02, 4.3007e-04], rtol=5e-5)
+    np.testing.assert_allclose(inv[41:], default[41:] / 10, rtol=2e-7)
+    assert af == pytest.approx(1.2302585, rel=1e-7)
+
+
+def test_golden_yarn_untruncated():
+    inv, af = freqs(
+        "yarn", 64, base=150000.0, factor=32, original_length=4096, truncate=False
+    )
+    np.testing.assert_allclose(inv[[8, 17]], [5.081328e-02, 1.293187e-04], rtol=1e-6)
+    assert af == pytest.approx(1.3465736, rel=1e-7)
+    # The correction range itself: 8.0928 / 17.3980.
+    corr = lambda r: 64 * math.log(4096 / (r * 2 * math.pi)) / (2 * math.log(150000.0))  # noqa: E731
+    assert (corr(32), corr(1)) == (pytest.approx(8.0928, abs=1e-4), pytest.approx(17.3980, abs=1e-4))
+
+
+def test_golden_llama3():
+    inv, af = freqs("llama3", 128, factor=10, original_length=2048)
+    default, _ = freqs("default", 128)
+    np.testing.assert_array_equal(inv[:31], default[:31])
+    np.testing.assert_allclose(inv[[31, 40]], [1.0730e-02, 3.4539e-04], rtol=5e-5)
+    np.testing.assert_allclose(inv[41:], default[41:] / 10, rtol=2e-7)
+    assert af == 1.0
+
+
+def test_golden_longrope_attention_factor():
+    half = 32
+    _, af = freqs(
+        "longrope", 64, factor=32, original_length=4096, seq_len=100,
+        short_factor=[1.0] * half, long_factor=[4.0] * half,
+    )
+    assert af == pytest.approx(1.190238, rel=1e-6)
+
+
+def test_linear_is_position_interpolation():
+    # inv / s at position p is the default rotation at position p / s.
+    inv, _ = freqs("linear", 64, factor=4.0)
+    default, _ = freqs("default", 64)
+    np.testing.assert_allclose(inv * 12, default * 3, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Parity with the float64 reference over sampled configurations.
+# ---------------------------------------------------------------------------
+
+DIMS = st.sampled_from([8, 16, 32, 64, 96, 128])
+BASES = st.floats(100.0, 1e6)
+FACTORS = st.floats(1.0, 64.0)
+LENGTHS = st.integers(16, 32768)
+
+
+@given(d=DIMS, base=BASES, s=FACTORS)
+def test_parity_default_linear_ntk(d, base, s):
+    check("default", (ref_default(d, base), 1.0), rotary_dim=d, base=base)
+    check("linear", (ref_default(d, base) / s, 1.0), rotary_dim=d, base=base, factor=s)
+    ntk_base = base * s ** (d / (d - 2))
+    check("ntk", (ref_default(d, ntk_base), 1.0), rotary_dim=d, base=base, factor=s)
+
+
+@given(d=DIMS, base=BASES, s=FACTORS, L=LENGTHS, n_over_L=st.floats(0.0, 8.0))
+def test_parity_dynamic(d, base, s, L, n_over_L):
+    n = max(1, int(n_over_L * L))  # covers n <= L (default freqs) and n > L
+    check("dynamic", ref_dynamic(d, base, s, L, n),
+          rotary_dim=d, base=base, factor=s, original_length=L, seq_len=n)
+    if n <= L:
+        check("dynamic", (ref_default(d, base), 1.0),
+              rotary_dim=d, base=base, factor=s, original_length=L, seq_len=n)
+
+
+@given(
+    d=DIMS, base=BASES, s=st.one_of(st.just(1.0), FACTORS), L=LENGTHS,
+    beta_fast=st.floats(4.0, 64.0), beta_slow=st.floats(0.25, 4.0), truncate=st.booleans(),
+    mscales=st.sampled_from([(None, None), (1.0, None), (None, 1.0), (0.707, 0.707),
+                             (1.0, 0.707), (0.0, 1.0), (1.2, 0.8)]),
+    attention_factor=st.one_of(st.none(), st.floats(0.5, 2.0)),
+)
+def test_parity_yarn(d, base, s, L, beta_fast, beta_slow, truncate, mscales, attention_factor):
+    mscale, mscale_all_dim = mscales
+    kw = dict(beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate,
+              mscale=mscale, mscale_all_dim=mscale_all_dim, attention_factor=attention_factor)
+    check("yarn", ref_yarn(d, base, s, L, **kw),
+          rotary_dim=d, base=base, factor=s, original_length=L, **kw)
+
+
+def test_yarn_equal_correction_bounds():
+    # low == high after the clamps: HF widens the ramp by 0.001 instead of dividing by 0.
+    # With L tiny both corrections are negative, so low = max(floor, 0) = 0 and
+    # high = min(ceil(<= 0), d - 1) = 0.
+    check("yarn", ref_yarn(16, 10000.0, 4.0, 3, beta_fast=32.0, beta_slow=1.0),
+          rotary_dim=16, factor=4.0, original_length=3)
+    inv, _ = freqs("yarn", 16, factor=4.0, original_length=3)
+    default, _ = freqs("default", 16)
+    np.testing.assert_allclose(inv[1:], default[1:] / 4, rtol=1e-6)  # ramp 1 from pair 1 on
+
+
+@given(d=DIMS, base=BASES, L=LENGTHS, n_over_L=st.floats(0.0, 8.0), truncate=st.booleans(),
+       mscales=st.sampled_from([(None, None), (1.0, 0.707), (0.707, 0.707)]))
+def test_parity_dynamic_yarn(d, base, L, n_over_L, truncate, mscales):
+    n = max(1, int(n_over_L * L))
+    s = max(1.0, n / L)
+    mscale, mscale_all_dim = mscales
+    kw = dict(truncate=truncate, mscale=mscale, mscale_all_dim=mscale_all_dim)
+    check("dynamic_yarn", ref_yarn(d, base, s, L, **kw),
+          rotary_dim=d, base=base, original_length=L, seq_len=n, **kw)
+
+
+@given(d=DIMS, base=BASES, s=st.one_of(st.just(1.0), FACTORS), L=LENGTHS,
+       n_over_L=st.floats(0.0, 4.0), data=st.data(),
+       attention_factor=st.one_of(st.none(), st.floats(0.5, 2.0)))
+def test_parity_longrope(d, base, s, L, n_over_L, data, attention_factor):
+    n = max(1, int(n_over_L * L))
+    lam = st.lists(st.floats(1.0, 64.0), min_size=d // 2, max_size=d // 2)
+    short, long = data.draw(lam), data.draw(lam)
+    check("longrope", ref_longrope(d, base, s, L, n, short, long, attention_factor),
+          rotary_dim=d, base=base, factor=s, original_length=L, seq_len=n,
+          short_factor=short, long_factor=long, attention_factor=attention_factor)
+
+
+def test_longrope_switches_at_original_length():
+    kw = dict(original_length=64, short_factor=[1.0, 2.0], long_factor=[3.0, 5.0])
+    default, _ = freqs("default", 4)
+    at, _ = freqs("longrope", 4, seq_len=64, **kw)
+    past, _ = freqs("longrope", 4, seq_len=65, **kw)
+    np.testing.assert_allclose(at, default / np.array([1.0, 2.0]), rtol=1e-6)
+    np.testing.assert_allclose(past, default / np.array([3.0, 5.0]), rtol=1e-6)
+
+
+@given(d=DIMS, base=BASES, s=FACTORS, L=LENGTHS,
+       ab=st.tuples(st.floats(0.25, 4.0), st.floats(0.25, 8.0)))
+def test_parity_llama3(d, base, s, L, ab):
+    a, b = ab[0], ab[0] + ab[1]
+    inv, af = freqs("llama3", d, base=base, factor=s, original_length=L,
+                    low_freq_factor=a, high_freq_factor=b)
+    ref, _ = ref_llama3(d, base, s, L, a, b)
+    assert af == 1.0
+    # In the smooth band the Llama 3 formula is ill-conditioned in inv_i:
+    # t = (L / w - a) / (b - a) cancels, so a one-ulp difference in the float32
+    # default frequency (any two powf implementations) is amplified by
+    # kappa = 1 + (L / w) / (b - a) * (1 - 1/s) / ((1 - t)/s + t), up to ~40 here.
+    # Outside the band kappa = 1 and the bound is the plain rtol 1e-6.
+    wl = 2 * math.pi / ref_default(d, base)
+    t = (L / wl - a) / (b - a)
+    medium = (wl >= L / b) & (wl <= L / a)
+    kappa = np.where(medium, 1 + (L / wl) / (b - a) * (1 - 1 / s) / ((1 - t) / s + t), 1.0)
+    np.testing.assert_array_less(np.abs(inv / ref - 1), 1e-6 * kappa)
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn", "llama3"])
+def test_factor_one_gives_default(kind):
+    default, _ = freqs("default", 32)
+    inv, af = freqs(kind, 32, factor=1.0, original_length=512)
+    np.testing.assert_allclose(inv, default, rtol=1e-6)
+    assert af == 1.0
+
+
+# ---------------------------------------------------------------------------
+# Traced seq_len (a decoder calls frequencies under jit).
+# ---------------------------------------------------------------------------
+
+
+def test_traced_seq_len_matches_concrete():
+    common = dict(original_length=256, base=10000.0)
+    lam = dict(short_factor=[1.0, 1.5, 2.0, 3.0], long_factor=[2.0, 4.0, 8.0, 16.0])
+    cases = [
+        ("dynamic", dict(factor=4.0, **common)),
+        ("dynamic_yarn", dict(mscale=1.0, mscale_all_dim=0.707, **common)),
+        ("longrope", dict(factor=8.0, **lam, **common)),
+    ]
+    for kind, kw in cases:
+        fn = jax.jit(lambda n, kind=kind, kw=kw: rope.frequencies(kind, 8, seq_len=n, **kw))
+        for n in (100, 256, 257, 2000):
+            inv_t, af_t = fn(jnp.int32(n))
+            inv_c, af_c = freqs(kind, 8, seq_len=n, **kw)
+            # Traced scalars are float32 where the concrete path uses Python
+            # float64 (the NTK base, the YaRN factor): ~1e-7 relative apart.
+            np.testing.assert_allclose(inv_t, inv_c, rtol=2e-6, err_msg=f"{kind} n={n}")
+            np.testing.assert_allclose(af_t, af_c, rtol=1e-6, err_msg=f"{kind} n={n}")
+
+
+def test_dynamic_yarn_attention_factor_types():
+    kw = dict(original_length=16)
+    _, af = freqs("dynamic_yarn", 8, seq_len=64, **kw)
+    assert isinstance(af, float) and af == pytest.approx(0.1 * math.log(4) + 1)
+    _, af = freqs("dynamic_yarn", 8, seq_len=jnp.int32(64), **kw)
+    assert isinstance(af, jax.Array) and af.shape == () and af.dtype == jnp.float32
+    _, af = freqs("dynamic_yarn", 8, seq_len=jnp.int32(64), attention_factor=1.5, **kw)
+    assert af == 1.5 and isinstance(af, float)
+
+
+# ---------------------------------------------------------------------------
+# Validation errors name the bad value and the allowed ones.
+# ---------------------------------------------------------------------------
+
+
+def raises(match, *args, **kwargs):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        rope.frequencies(*args, **kwargs)
+
+
+def test_unknown_kind_lists_all_kinds():
+    assert rope.KINDS == ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn",
+                          "longrope", "llama3")
+    raises("unknown kind 'rop'; choose one of: " + ", ".join(rope.KINDS), "rop", 8)
+
+
+@pytest.mark.parametrize("d", [7, 0, -4, 8.0, True])
+def test_bad_rotary_dim(d):
+    raises(f"rotary_dim must be a positive even integer; got {d!r}", "default", d)
+
+
+@pytest.mark.parametrize("kind", ["ntk", "dynamic"])
+def test_ntk_needs_rotary_dim_at_least_4(kind):
+    raises(f"rotary_dim must be an even integer >= 4 for kind {kind!r}; got 2", kind, 2, factor=2.0, original_length=16, seq_len=32)
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn", "llama3", "longrope"])
+def test_factor_below_one(kind):
+    raises("factor must be a number >= 1; got 0.5", kind, 8, factor=0.5,
+           original_length=16, seq_len=8, short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "yarn", "dynamic_yarn", "longrope", "llama3"])
+def test_missing_original_length(kind):
+    raises(f"kind {kind!r} needs original_length", kind, 8, factor=1.0, seq_len=8,
+           short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "dynamic_yarn", "longrope"])
+def test_missing_seq_len(kind):
+    raises(f"kind {kind!r} needs seq_len", kind, 8, original_length=16,
+           short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+
+
+@pytest.mark.parametrize("seq_len", [0, 3.5, -1])
+def test_bad_seq_len(seq_len):
+    raises(f"seq_len must be a positive integer; got {seq_len!r}", "dynamic", 8,
+           original_length=16, seq_len=seq_len)
+
+
+def test_float_traced_seq_len_rejected():
+    raises("seq_len must be an integer scalar", "dynamic", 8, original_length=16,
+           seq_len=jnp.float32(3.0))
+
+
+@pytest.mark.parametrize("which", ["short_factor", "long_factor"])
+def test_longrope_factor_length(which):
+    kw = dict(short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+    kw[which] = [1.0] * 3
+    raises(f"{which} must have rotary_dim // 2 = 4 entries; got shape (3,) (3 entries)",
+           "longrope", 8, original_length=16, seq_len=8, **kw)
+    kw[which] = None
+    raises(f"kind 'longrope' needs {which}", "longrope", 8, original_length=16, seq_len=8, **kw)
+
+
+def test_llama3_low_not_below_high():
+    raises("low_freq_factor must be < high_freq_factor; got low_freq_factor=4.0, high_freq_factor=4.0",
+           "llama3", 8, factor=8.0, original_length=16, low_freq_factor=4.0, high_freq_factor=4.0)
+    raises("low_freq_factor=5.0, high_freq_factor=1.0", "llama3", 8, factor=8.0,
+           original_length=16, low_freq_factor=5.0, high_freq_factor=1.0)
+
+
+@pytest.mark.parametrize("base", [0.0, -10000.0])
+def test_bad_base(base):
+    raises(f"base must be a positive number; got {base!r}", "default", 8, base=base)
+
+
+def test_yarn_betas():
+    raises("beta_fast must be >= beta_slow; got beta_fast=1.0, beta_slow=32.0", "yarn", 8,
+           factor=2.0, original_length=16, beta_fast=1.0, beta_slow=32.0)
+    raises("beta_slow must be a positive number; got 0.0", "yarn", 8, factor=2.0,
+           original_length=16, beta_slow=0.0)
+
+
+def test_attention_factor_only_where_used():
+    raises("attention_factor applies only to kinds yarn, dynamic_yarn, longrope; "
+           "got attention_factor=2.0 with kind 'linear'", "linear", 8, factor=2.0,
+           attention_factor=2.0)
+    raises("attention_factor must be a positive number; got -1.0", "yarn", 8, factor=2.0,
+           original_length=16, attention_factor=-1.0)
+
+
+@pytest.mark.parametrize("kind", ["default", "dynamic_yarn"])
+def test_factor_rejected_where_unused(kind):
+    raises(f"kind {kind!r}; leave it at 1.0, got 4.0", kind, 8, factor=4.0,
+           original_length=16, seq_len=32)
