@@ -10,12 +10,25 @@ Saving is synchronous so a checkpoint exists on disk when ``save`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
+
+
+@contextlib.contextmanager
+def _quiet():
+    # Orbax logs every file operation at INFO through absl; keep run logs readable.
+    level = logging.get_verbosity()
+    logging.set_verbosity(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def _is_key(x) -> bool:
@@ -41,12 +54,13 @@ class Checkpointer:
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(directory)
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
-            ),
-        )
+        with _quiet():
+            self._manager = ocp.CheckpointManager(
+                self.directory,
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+                ),
+            )
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or None."""
@@ -58,12 +72,13 @@ class Checkpointer:
     def save(self, step: int, state: nnx.State, record: dict) -> None:
         """Write ``state`` and the JSON ``record`` as checkpoint ``step``."""
         pure = _to_savable(nnx.to_pure_dict(state))
-        self._manager.save(
-            int(step),
-            args=ocp.args.Composite(state=ocp.args.StandardSave(pure), record=ocp.args.JsonSave(record)),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        with _quiet():
+            self._manager.save(
+                int(step),
+                args=ocp.args.Composite(state=ocp.args.StandardSave(pure), record=ocp.args.JsonSave(record)),
+                force=True,
+            )
+            self._manager.wait_until_finished()
 
     def restore(self, state: nnx.State, step: int | None = None) -> tuple[nnx.State, dict]:
         """``(state, record)`` of checkpoint ``step`` (newest if None); ``state`` is the template."""
@@ -75,13 +90,15 @@ class Checkpointer:
             lambda x: np.zeros(x.shape, x.dtype) if not _is_key(x) else np.asarray(jax.random.key_data(x)),
             template,
         )
-        restored = self._manager.restore(
-            int(step),
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), record=ocp.args.JsonRestore()),
-        )
+        with _quiet():
+            restored = self._manager.restore(
+                int(step),
+                args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), record=ocp.args.JsonRestore()),
+            )
         pure = _from_savable(restored["state"], template)
         nnx.replace_by_pure_dict(state, pure)
         return state, dict(restored["record"])
 
     def close(self) -> None:
-        self._manager.close()
+        with _quiet():
+            self._manager.close()

@@ -1,0 +1,108 @@
+"""Results rows, config hashes, atomic JSONL writing and the comparison table."""
+
+import json
+import math
+import os
+
+import ml_collections
+import pytest
+
+from posenc.training import report, results
+
+
+def row(**kw):
+    base = dict(task="copy", position="rope", norm="rms", placement="pre", seed=0, train_length=16,
+                eval_length=16, loss=0.5, accuracy=0.9, exact_match=0.5, steps=10, config_hash="a" * 64)
+    base.update(kw)
+    return base
+
+
+def cfg(**train):
+    c = ml_collections.ConfigDict({"task": {"name": "copy"},
+                                   "train": {"learning_rate": 1e-3, "log_every": 10, "steps": 5}})
+    c.train.update(train)
+    return c
+
+
+def test_config_hash_is_sha256_and_ignores_volatile_fields():
+    h = results.config_hash(cfg())
+    assert len(h) == 64 and int(h, 16) >= 0
+    assert results.config_hash(cfg(log_every=99)) == h  # logging cadence is not the experiment
+    assert results.config_hash(cfg(learning_rate=2e-3)) != h
+    assert results.config_hash(cfg(steps=6)) != h
+    # tuples and lists hash alike (config.json round trips turn tuples into lists)
+    a = ml_collections.ConfigDict({"eval": {"lengths": (1, 2)}})
+    b = ml_collections.ConfigDict({"eval": {"lengths": [1, 2]}})
+    assert results.config_hash(a) == results.config_hash(b)
+
+
+def test_make_row_validates_and_cleans():
+    r = results.make_row(**row(loss=float("nan"), accuracy=None))
+    assert r["loss"] is None and r["accuracy"] is None  # JSON has no NaN
+    with pytest.raises(ValueError, match=r"missing fields \['eval_length'\]"):
+        results.make_row(**{k: v for k, v in row().items() if k != "eval_length"})
+    with pytest.raises(ValueError, match="'seed' must be an int"):
+        results.make_row(**row(seed="0"))
+    with pytest.raises(ValueError, match="config_hash"):
+        results.make_row(**row(config_hash="abc"))
+
+
+def test_write_and_read_jsonl_round_trip(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    rows = [row(eval_length=n) for n in (16, 32)]
+    results.write_jsonl(path, rows)
+    assert results.read_jsonl(path) == rows
+    assert results.read_jsonl(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_killed_writer_leaves_old_file_intact(tmp_path, monkeypatch):
+    path = str(tmp_path / "r.jsonl")
+    results.write_jsonl(path, [row()])
+    before = open(path).read()
+
+    def killed(*args):
+        raise KeyboardInterrupt("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_jsonl(path, [row(eval_length=n) for n in range(1, 100)])
+    assert open(path).read() == before
+    assert os.listdir(tmp_path) == ["r.jsonl"]  # no temporary file left behind
+
+
+def test_merge_rows_never_duplicates():
+    old = [row(eval_length=16, loss=1.0), row(eval_length=32)]
+    new = [row(eval_length=16, loss=0.25)]
+    merged = results.merge_rows(old, new)
+    assert [(r["eval_length"], r["loss"]) for r in merged] == [(16, 0.25), (32, 0.5)]
+    assert results.merge_rows(merged, merged) == merged
+
+
+def test_table_mean_and_std_over_seeds():
+    rows = [row(seed=0, accuracy=0.8, exact_match=0.0), row(seed=1, accuracy=1.0, exact_match=1.0),
+            row(seed=0, eval_length=32, accuracy=0.2), row(seed=1, eval_length=32, accuracy=0.4),
+            row(position="learned", eval_length=32, accuracy=None, loss=None, exact_match=None)]
+    s = report.summarize(rows)["copy"]
+    mean, std, n = s["rope"][16]["accuracy"]
+    assert (n, mean) == (2, pytest.approx(0.9)) and std == pytest.approx(0.1)
+    assert s["learned"][32]["accuracy"] is None
+    md = report.table_markdown(rows)
+    assert "| encoding | 16* | 32 |" in md
+    assert "| rope | 0.900 ± 0.100 (EM 0.50) | 0.300 ± 0.100 (EM 0.50) |" in md
+    assert "| learned |  | n/a |" in md
+
+
+def test_text_table_uses_loss_and_plots_are_written(tmp_path):
+    rows = [row(task="text", eval_length=n, loss=1.0 + n / 64, seed=s) for n in (64, 128) for s in (0, 1)]
+    assert "| rope | 2.000 ± 0.000 | 3.000 ± 0.000 |" in report.table_markdown(rows)
+    paths = report.write_plots(rows + [row()], str(tmp_path))
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["copy_accuracy.png", "copy_exact_match.png", "copy_loss.png", "text_loss.png"]
+    for p in paths:
+        assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_json_is_valid(tmp_path):
+    path = str(tmp_path / "c.json")
+    results.write_json(path, {"x": (1, 2), "y": math.inf})
+    assert json.load(open(path)) == {"x": [1, 2], "y": None}
