@@ -51,7 +51,7 @@ def test_matches_reference_on_a_dense_range():
         np.testing.assert_array_equal(got, reference_bucket(rp, bidirectional, 32, 128))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     num_buckets=st.integers(8, 64),
     max_distance=st.integers(16, 512),
