@@ -35,7 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, NUM_SPECIAL, PAD, SEP, Task, check_int, gather, segment
+from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, NUM_SPECIAL, PAD, SEP, WORD, Task, check_int, gather, segment
 
 
 class Recall(Task):
@@ -54,14 +54,16 @@ class Recall(Task):
     def options(self) -> dict:
         return {"keys": self.keys, "values": self.values}
 
-    def _example(self, key, n, max_n, width):
-        key_key, value_key, order_key = jax.random.split(key, 3)
-        # Distinct keys: the first max_n entries of a permutation of the key alphabet.
-        ks = jax.random.permutation(key_key, self.keys)[:max_n]
-        vs = jax.random.randint(value_key, (max_n,), 0, self.values, dtype=jnp.int32)
-        # Query order: a uniform permutation of 0..n-1 (the unused tail sorts last).
-        noise = jax.random.uniform(order_key, (max_n,))
-        order = jnp.argsort(jnp.where(jnp.arange(max_n) < n, noise, 2.0))
+    def _bounds(self, max_n):
+        return [WORD] * self.keys + [self.values] * max_n + [WORD] * max_n
+
+    def _example(self, draws, n, max_n, width):
+        key_noise, vs, order_noise = jnp.split(draws, [self.keys, self.keys + max_n])
+        # Distinct keys: the first max_n entries of a random permutation of the key alphabet.
+        ks = jnp.argsort(key_noise)[:max_n]
+        # Query order: a random permutation of 0..n-1 (the unused tail sorts last;
+        # argsort is stable, so a live tie with the filler still comes first).
+        order = jnp.argsort(jnp.where(jnp.arange(max_n) < n, order_noise, WORD - 1))
         key_ids = FIRST_SYMBOL + ks
         value_ids = FIRST_SYMBOL + self.keys + vs
 
@@ -100,12 +102,14 @@ class Addition(Task):
     def options(self) -> dict:
         return {"reverse_output": self.reverse_output, "reverse_operands": self.reverse_operands}
 
-    def _example(self, key, n, max_n, width):
+    def _bounds(self, max_n):
+        return [10] * (2 * max_n)
+
+    def _example(self, draws, n, max_n, width):
         # Digits least significant first, zero past n so the sum's top digit is the carry.
         live = jnp.arange(max_n + 1) < n
-        a = jnp.where(live, jax.random.randint(key, (max_n + 1,), 0, 10, dtype=jnp.int32), 0)
-        b = jnp.where(live, jax.random.randint(jax.random.fold_in(key, 1), (max_n + 1,), 0, 10,
-                                                dtype=jnp.int32), 0)
+        a = jnp.where(live, jnp.append(draws[:max_n], 0), 0)
+        b = jnp.where(live, jnp.append(draws[max_n:], 0), 0)
         c = _add_digits(a, b)
 
         def written(digits, count, reverse):

@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 FIRST_SYMBOL = 4
 NUM_SPECIAL = 4
 SPLITS = ("train", "eval")
+WORD = 2**31  # bound of the random words used for shuffles (argsort keys)
+
+_COMPILED: dict = {}
 
 
 def check_split(split) -> str:
@@ -53,8 +57,9 @@ class Task:
     Subclasses set ``name``, ``vocab_size``, the linear size law
     ``seq_len(n) = per_size * n + overhead`` (tokens of a size-``n`` example,
     BOS to last answer token), optionally ``size_cap`` (the largest ``n`` the
-    options allow), and implement ``_example(key, n, max_n, width)`` for one
-    example with a traced size ``n``.
+    options allow), and implement ``_bounds(max_n)`` (the random integers an
+    example needs) and ``_example(draws, n, max_n, width)`` for one example
+    with a traced size ``n``.
     """
 
     name: str = ""
@@ -65,9 +70,12 @@ class Task:
 
     def __init__(self, *, seed: int = 0):
         self.seed = check_int("seed", seed, minimum=0)
-        # One compile per (batch_size, length, min_size, split): the cache
-        # lives on the instance so it is dropped with the task.
-        self._generate_jit = jax.jit(self._generate, static_argnums=(1, 2, 3, 4))
+        # One compile per (options, batch_size, length, sizes): tasks that differ
+        # only in seed share it, since the seed is folded into the key outside.
+        spec = (type(self), tuple(sorted(self.options().items())))
+        if spec not in _COMPILED:
+            _COMPILED[spec] = jax.jit(self._generate, static_argnums=(1, 2, 3, 4))
+        self._generate_jit = _COMPILED[spec]
 
     # ------------------------------------------------------------------ sizes
     def seq_len(self, n: int) -> int:
@@ -116,17 +124,21 @@ class Task:
                 f"{self.name!r} at length {length})"
             )
         lo = max_n if split == "eval" else min_size
+        if self.seed:
+            # Different task seeds give different data from the same trainer key.
+            key = jax.random.fold_in(key, self.seed)
         return self._generate_jit(key, batch_size, length, lo, max_n)
 
     def _generate(self, key, batch_size, length, lo, hi):
-        # Fold the task seed in so that tasks made with different seeds give
-        # different data from the same trainer key.
-        key = jax.random.fold_in(key, self.seed)
-        size_key, example_key = jax.random.split(key)
-        sizes = jax.random.randint(size_key, (batch_size,), lo, hi + 1, dtype=jnp.int32)
-        keys = jax.random.split(example_key, batch_size)
+        # All randomness of the batch in one draw of 32-bit words, reduced
+        # modulo each column's bound (bias < bound / 2**32): a single threefry
+        # call keeps compiles fast (each random call adds ~0.5 s of XLA time).
+        bounds = np.array([hi - lo + 1, *self._bounds(hi)], dtype=np.uint32)
+        words = jax.random.bits(key, (batch_size, bounds.size), dtype=jnp.uint32)
+        draws = (words % bounds).astype(jnp.int32)
+        sizes = lo + draws[:, 0]
         width = length + 1
-        seq, answer = jax.vmap(lambda k, n: self._example(k, n, hi, width))(keys, sizes)
+        seq, answer = jax.vmap(lambda r, n: self._example(r, n, hi, width))(draws[:, 1:], sizes)
         seq = seq.astype(jnp.int32)
         return {
             "inputs": seq[:, :-1],
@@ -134,8 +146,15 @@ class Task:
             "mask": answer[:, 1:].astype(jnp.float32),
         }
 
-    def _example(self, key, n, max_n, width):
-        """One example: (tokens int32 [width], answer bool [width]) for traced size ``n``."""
+    def _bounds(self, max_n: int) -> list[int]:
+        """Exclusive upper bounds of the random integers one example consumes."""
+        raise NotImplementedError
+
+    def _example(self, draws, n, max_n, width):
+        """One example: (tokens int32 [width], answer bool [width]) for traced size ``n``.
+
+        ``draws`` int32 [len(_bounds(max_n))]: ``draws[j]`` uniform in ``[0, bound_j)``.
+        """
         raise NotImplementedError
 
     def metadata(self) -> dict:

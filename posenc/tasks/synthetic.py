@@ -29,7 +29,6 @@ encoding (Delétang et al. 2023; Anil et al. 2022).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from posenc.tasks.base import BOS, FIRST_SYMBOL, NUM_SPECIAL, PAD, SEP, Task, check_int, gather, segment
@@ -52,8 +51,11 @@ class _Transduction(Task):
         """The answer symbols for problem ``x[:n]`` (entries past ``n`` are ignored)."""
         raise NotImplementedError
 
-    def _example(self, key, n, max_n, width):
-        x = jax.random.randint(key, (max_n,), 0, self.alphabet, dtype=jnp.int32)
+    def _bounds(self, max_n):
+        return [self.alphabet] * max_n
+
+    def _example(self, draws, n, max_n, width):
+        x = draws
         y = self._answer(x, n)
         pos = jnp.arange(width)
         in_x, ix = segment(pos, 1, n)
@@ -106,8 +108,11 @@ class Parity(Task):
         self.vocab_size = NUM_SPECIAL + 2
         super().__init__(seed=seed)
 
-    def _example(self, key, n, max_n, width):
-        bits = jax.random.randint(key, (max_n,), 0, 2, dtype=jnp.int32)
+    def _bounds(self, max_n):
+        return [2] * max_n
+
+    def _example(self, draws, n, max_n, width):
+        bits = draws
         parity = jnp.sum(jnp.where(jnp.arange(max_n) < n, bits, 0)) % 2
         pos = jnp.arange(width)
         in_x, ix = segment(pos, 1, n)

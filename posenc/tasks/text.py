@@ -196,11 +196,12 @@ class Text:
                 f"length {length} needs windows of {length + 1} bytes but the {split!r} split "
                 f"holds {available}; raise max_bytes (now {self.corpus.max_bytes})"
             )
+        if self.seed:
+            key = jax.random.fold_in(key, self.seed)
         return self._windows_jit(key, batch_size, length, split)
 
     def _windows(self, key, batch_size, length, split):
         data = self.split_data(split)
-        key = jax.random.fold_in(key, self.seed)
         starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - length, dtype=jnp.int32)
         windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (length + 1,)))(starts)
         windows = windows.astype(jnp.int32)

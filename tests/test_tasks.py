@@ -1,0 +1,247 @@
+"""Synthetic tasks: exact formats and answers recomputed in Python, determinism, jit, sizes, errors."""
+
+import functools
+import json
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc.tasks as tasks
+from posenc.tasks import BOS, EOS, FIRST_SYMBOL, PAD, PLUS, SEP
+from posenc.tasks.algorithmic import _add_digits
+
+LENGTH = 30
+BATCH = 24
+
+CASES = [
+    ("copy", {}),
+    ("copy", {"alphabet": 3}),
+    ("reverse", {}),
+    ("sort", {"alphabet": 5}),
+    ("parity", {}),
+    ("recall", {}),
+    ("recall", {"keys": 5, "values": 3}),
+    ("addition", {}),
+    ("addition", {"reverse_output": False, "reverse_operands": True}),
+]
+IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in opts.items()) or 'default'}" for name, opts in CASES]
+
+
+def full(batch):
+    """The whole sequences [B, L+1] and the mask aligned with them (0 at position 0)."""
+    inputs, targets, mask = (np.asarray(batch[k]) for k in ("inputs", "targets", "mask"))
+    np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])  # targets are the next tokens
+    seq = np.concatenate([inputs[:, :1], targets], axis=1)
+    return seq, np.concatenate([np.zeros((len(seq), 1)), mask], axis=1)
+
+
+def reference(task, row):
+    """Parse one example, recompute it in plain Python: (n, tokens, answer positions)."""
+    row = [int(t) for t in row]
+    assert row[0] == BOS
+    sym = lambda t: t - FIRST_SYMBOL  # noqa: E731
+    if task.name == "addition":
+        p = row.index(PLUS)
+        n = p - 1
+        a, b = [sym(t) for t in row[1:p]], [sym(t) for t in row[p + 1 : p + 1 + n]]
+        assert all(0 <= d <= 9 for d in a + b)
+        value = lambda ds: int("".join(map(str, ds[::-1] if task.reverse_operands else ds)))  # noqa: E731
+        c = [int(d) for d in str(value(a) + value(b)).zfill(n + 1)]
+        c = c[::-1] if task.reverse_output else c
+        tokens = [BOS] + row[1:p] + [PLUS] + row[p + 1 : p + 1 + n] + [SEP] + [FIRST_SYMBOL + d for d in c] + [EOS]
+        return n, tokens, list(range(2 * n + 3, 3 * n + 5))
+    s = row.index(SEP)
+    problem = row[1:s]
+    if task.name == "recall":
+        n = (s - 1) // 2
+        keys, values = [sym(t) for t in problem[0::2]], [sym(t) - task.keys for t in problem[1::2]]
+        assert len(keys) == len(values) == n and len(set(keys)) == n  # distinct keys
+        assert all(0 <= k < task.keys for k in keys) and all(0 <= v < task.values for v in values)
+        queries = row[s + 1 : s + 1 + 2 * n : 2]
+        assert sorted(queries) == sorted(problem[0::2])  # every key queried once
+        lookup = dict(zip(problem[0::2], problem[1::2]))
+        answer = [t for q in queries for t in (q, lookup[q])]
+        return n, [BOS] + problem + [SEP] + answer, list(range(s + 2, s + 1 + 2 * n, 2))
+    n = s - 1
+    alphabet = 2 if task.name == "parity" else task.alphabet
+    x = [sym(t) for t in problem]
+    assert all(0 <= v < alphabet for v in x)
+    answer = {
+        "copy": lambda: x,
+        "reverse": lambda: x[::-1],
+        "sort": lambda: sorted(x),
+        "parity": lambda: [sum(x) % 2],
+    }[task.name]()
+    tokens = [BOS] + problem + [SEP] + [FIRST_SYMBOL + v for v in answer]
+    return n, tokens, list(range(n + 2, n + 2 + len(answer)))
+
+
+def check(task, batch, length):
+    """Every row equals its Python reference, PAD after it, mask exactly on the answer; returns sizes."""
+    seq, mask = full(batch)
+    assert batch["inputs"].dtype == np.int32 and batch["targets"].dtype == np.int32
+    assert batch["mask"].dtype == np.float32
+    assert seq.shape == (len(seq), length + 1) and seq.min() >= 0 and seq.max() < task.vocab_size
+    sizes = []
+    for row, m in zip(seq, mask):
+        n, tokens, answer = reference(task, row)
+        assert len(tokens) == task.seq_len(n) <= length + 1
+        expected = tokens + [PAD] * (length + 1 - len(tokens))
+        np.testing.assert_array_equal(row, expected)
+        expected_mask = np.zeros(length + 1)
+        expected_mask[answer] = 1.0
+        np.testing.assert_array_equal(m, expected_mask)
+        sizes.append(n)
+    return np.array(sizes)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def case(request):
+    """(task, jitted batch, traces): every test of a case reuses one jitted function."""
+    name, opts = request.param
+    task = tasks.make(name, **opts)
+    traces = []
+
+    def batch(key, batch_size, length, min_size=None, split="train"):
+        traces.append((batch_size, length, min_size, split))
+        return task.batch(key, batch_size, length, min_size=min_size, split=split)
+
+    return task, jax.jit(batch, static_argnums=(1, 2), static_argnames=("min_size", "split")), traces
+
+
+def test_train_batch_format_answers_and_sizes(case):
+    task, batch, _ = case
+    sizes = check(task, batch(jax.random.key(0), BATCH, LENGTH), LENGTH)
+    max_n = task.max_size(LENGTH)
+    assert sizes.min() >= 1 and sizes.max() <= max_n
+    assert len(set(sizes.tolist())) > 1  # sizes are drawn, not fixed
+
+
+def test_eval_split_uses_max_size(case):
+    task, batch, _ = case
+    sizes = check(task, batch(jax.random.key(1), BATCH, LENGTH, split="eval"), LENGTH)
+    assert set(sizes.tolist()) == {task.max_size(LENGTH)}
+
+
+def test_min_size_is_honoured(case):
+    task, batch, _ = case
+    max_n = task.max_size(LENGTH)
+    lo = max(1, max_n - 1)
+    sizes = check(task, batch(jax.random.key(2), BATCH, LENGTH, min_size=lo), LENGTH)
+    assert set(sizes.tolist()) <= set(range(lo, max_n + 1))
+    with pytest.raises(ValueError, match=f"min_size {max_n + 1} is outside"):
+        task.batch(jax.random.key(2), BATCH, LENGTH, min_size=max_n + 1)
+    with pytest.raises(ValueError, match="min_size 0 is outside"):
+        task.batch(jax.random.key(2), BATCH, LENGTH, min_size=0)
+
+
+def test_determinism(case):
+    _, batch, _ = case
+    a = batch(jax.random.key(3), BATCH, LENGTH)
+    b = batch(jax.random.key(3), BATCH, LENGTH)
+    c = batch(jax.random.key(4), BATCH, LENGTH)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert not np.array_equal(a["inputs"], c["inputs"])
+
+
+def test_single_trace_per_shape(case):
+    _, batch, traces = case
+    batch(jax.random.key(5), BATCH, LENGTH)
+    batch(jax.random.key(6), BATCH, LENGTH)
+    assert traces.count((BATCH, LENGTH, None, "train")) == 1
+    assert len(traces) == len(set(traces))  # no shape or option was traced twice
+
+
+def test_metadata_is_json(case):
+    task = case[0]
+    meta = json.loads(json.dumps(task.metadata()))
+    assert meta["name"] == task.name and meta["vocab_size"] == task.vocab_size
+    assert tasks.make(task.name, **task.options()).metadata() == meta
+
+
+def test_jit_of_bound_batch_matches_eager_and_seed_changes_data():
+    task = tasks.make("copy")
+    eager = task.batch(jax.random.key(0), 4, 20)
+    jitted = jax.jit(task.batch, static_argnums=(1, 2))  # the contract's spelling
+    for k, v in jitted(jax.random.key(0), 4, 20).items():
+        np.testing.assert_array_equal(v, eager[k])
+    evaluate = jax.jit(functools.partial(task.batch, split="eval"), static_argnums=(1, 2))
+    assert set(check(task, evaluate(jax.random.key(5), 4, 20), 20).tolist()) == {task.max_size(20)}
+    # Tasks differing only in seed share the compile but not the data.
+    other = tasks.make("copy", seed=1).batch(jax.random.key(0), 4, 20)
+    check(task, other, 20)
+    assert not np.array_equal(other["inputs"], eager["inputs"])
+
+
+@given(length=st.integers(1, 400))
+def test_max_size_is_the_largest_that_fits(length):
+    for name in ("copy", "reverse", "sort", "parity", "recall", "addition"):
+        task = tasks.make(name, keys=1000) if name == "recall" else tasks.make(name)
+        if length < task.min_length():
+            with pytest.raises(ValueError, match=f"length {length} is too short.*>= {task.min_length()}"):
+                task.max_size(length)
+            continue
+        n = task.max_size(length)
+        assert n >= 1 and task.seq_len(n) <= length + 1 < task.seq_len(n + 1)
+
+
+def test_max_size_grows_with_length_and_recall_is_capped_by_keys():
+    copy = tasks.make("copy")
+    assert [copy.max_size(L) for L in (3, 16, 64, 256)] == [1, 7, 31, 127]
+    assert tasks.make("addition").max_size(64) == 20  # 3 * 20 + 5 = 65 tokens
+    recall = tasks.make("recall", keys=4)
+    assert recall.max_size(100) == 4
+    check(recall, recall.batch(jax.random.key(0), 8, 40, split="eval"), 40)
+
+
+@pytest.mark.parametrize("name,minimum", [("copy", 3), ("reverse", 3), ("sort", 3), ("parity", 3),
+                                          ("recall", 5), ("addition", 7)])
+def test_too_short_length_names_length_and_minimum(name, minimum):
+    task = tasks.make(name)
+    assert task.min_length() == minimum
+    with pytest.raises(ValueError, match=f"length {minimum - 1} is too short for task '{name}'.*>= {minimum}"):
+        task.batch(jax.random.key(0), 2, minimum - 1)
+    task.max_size(minimum)  # the minimum itself is fine
+
+
+def test_make_errors():
+    with pytest.raises(ValueError, match="unknown task 'cpy'; choose one of: copy, reverse, recall, sort, "
+                                         "addition, parity, text"):
+        tasks.make("cpy")
+    with pytest.raises(ValueError, match="unknown option 'alphabt' for task 'copy'; choose from: alphabet"):
+        tasks.make("copy", alphabt=4)
+    with pytest.raises(ValueError, match="alphabet must be an integer >= 2, got 1"):
+        tasks.make("copy", alphabet=1)
+    with pytest.raises(ValueError, match="reverse_output must be True or False"):
+        tasks.make("addition", reverse_output=1)
+    with pytest.raises(ValueError, match="unknown split 'test'; choose one of: train, eval"):
+        tasks.make("copy").batch(jax.random.key(0), 2, 8, split="test")
+    assert list(tasks.TASKS) == ["copy", "reverse", "recall", "sort", "addition", "parity", "text"]
+
+
+def test_vocab_sizes_and_token_ids():
+    assert (PAD, BOS, SEP, EOS, FIRST_SYMBOL, PLUS) == (0, 1, 2, 3, 4, 14)
+    assert tasks.make("copy", alphabet=16).vocab_size == 20
+    assert tasks.make("parity").vocab_size == 6
+    assert tasks.make("recall", keys=64, values=16).vocab_size == 84
+    assert tasks.make("addition").vocab_size == 15
+
+
+def test_add_digits_matches_python():
+    rng = np.random.default_rng(0)
+    width = 9
+    # Random digits plus the carry-chain edge cases (all nines, 999 + 1, zeros).
+    a = rng.integers(0, 10, (200, width))
+    b = rng.integers(0, 10, (200, width))
+    edge_a = np.array([[9] * 8 + [0], [9] * 3 + [0] * 6, [0] * 9, [5, 9, 9, 9, 0, 0, 0, 0, 0]])
+    edge_b = np.array([[9] * 8 + [0], [1] + [0] * 8, [0] * 9, [5, 0, 0, 0, 0, 0, 0, 0, 0]])
+    a, b = np.concatenate([a[:, :-1], edge_a[:, :-1]]), np.concatenate([b[:, :-1], edge_b[:, :-1]])
+    a, b = np.pad(a, ((0, 0), (0, 1))), np.pad(b, ((0, 0), (0, 1)))  # top digit 0 for the carry
+    c = np.asarray(jax.vmap(_add_digits)(a, b))
+    to_int = lambda ds: int("".join(str(int(d)) for d in ds[::-1]))  # noqa: E731
+    for x, y, z in zip(a, b, c):
+        assert to_int(z) == to_int(x) + to_int(y)
