@@ -106,7 +106,7 @@ def train_step_fn(task, config):
             return total, metrics
 
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(optimizer.step[...])
         optimizer.update(model, grads)
         return nnx.state((model, optimizer)), metrics
