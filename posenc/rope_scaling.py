@@ -1,13 +1,20 @@
 """RoPE inverse frequencies with context-extension scaling.
 
 One function, :func:`frequencies`, returns ``(inv_freq, attention_factor)``
-for every kind in :data:`KINDS`. The arithmetic mirrors HuggingFace
-transformers ``modeling_rope_utils`` (``_compute_*_parameters``): scalars
-that HF computes as Python floats (the NTK base, the YaRN correction range,
-the attention factor) are Python float64 here too, and everything HF holds
-in float32 tensors (``arange / d``, ``base ** exponent``, the YaRN ramp, the
-Llama 3 wavelengths) is float32 here, in the same order of operations, so
-the results agree to float32 rounding.
+for every kind in :data:`KINDS`: RoPE (Su et al. 2021), position
+interpolation (Chen et al. 2023), NTK-aware and dynamic NTK (bloc97,
+emozilla 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024) and
+Llama 3.1 (Dubey et al. 2024). ``posenc.rope`` re-exports it.
+
+The arithmetic mirrors HuggingFace transformers ``modeling_rope_utils``
+(``_compute_*_parameters``): scalars HF computes as Python floats (the NTK
+base, the YaRN correction range, every attention factor) are Python float64
+here too, and what HF holds in float32 tensors (``arange / d``, ``base **
+exponent``, the YaRN ramp and mix, the Llama 3 wavelengths and smoothing)
+is float32 here, in the same order of operations. Concrete values are
+computed with NumPy float32 (C ``powf``, like torch on CPU; XLA's float32
+``pow`` loses ~ln(base) ulps); a jax-array ``seq_len`` switches the parts
+that depend on it to float32 jnp so it can be traced.
 
 Convention: :func:`posenc.rope.apply` multiplies cos and sin by
 ``attention_factor``, so attention logits scale by ``attention_factor ** 2``.
@@ -202,6 +209,8 @@ def frequencies(
     - "ntk" (bloc97 2023, NTK-aware): base' = base * s^(d/(d-2)).
     - "dynamic" (emozilla 2023, dynamic NTK): with n' = max(n, L),
       base' = base * (s n'/L - (s - 1))^(d/(d-2)); default freqs when n <= L.
+      Keys already in a KV cache keep the rotation of the base they were
+      written with (as in HF); the decoder decides how to handle that.
     - "yarn" (Peng et al. 2023): ramp between inv_i / s (low frequencies) and
       inv_i (high frequencies) over the pair range [low, high] given by
       corr(r) = d ln(L / (2 pi r)) / (2 ln base) at r = beta_fast, beta_slow

@@ -271,8 +271,9 @@ def test_positions_must_be_integers(dtype):
 
 
 def test_positions_must_broadcast_to_x():
-    apply_raises("does not broadcast to the leading dims of x (2, 5, 3)", positions=jnp.zeros((3, 5), jnp.int32))
-    apply_raises("does not broadcast to the leading dims of x (2, 5, 3)", positions=jnp.zeros((4,), jnp.int32))
+    msg = "does not broadcast to the leading dims of x (2, 5, 3)"
+    apply_raises(msg, positions=jnp.zeros((3, 5), jnp.int32))
+    apply_raises(msg, positions=jnp.zeros((4,), jnp.int32))
 
 
 def test_x_must_be_float_and_attention_factor_positive():

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from posenc import rope
@@ -333,7 +333,8 @@ def test_bad_rotary_dim(d):
 
 @pytest.mark.parametrize("kind", ["ntk", "dynamic"])
 def test_ntk_needs_rotary_dim_at_least_4(kind):
-    raises(f"rotary_dim must be an even integer >= 4 for kind {kind!r}; got 2", kind, 2, factor=2.0, original_length=16, seq_len=32)
+    raises(f"rotary_dim must be an even integer >= 4 for kind {kind!r}; got 2", kind, 2,
+           factor=2.0, original_length=16, seq_len=32)
 
 
 @pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn", "llama3", "longrope"])
