@@ -29,8 +29,8 @@ at lengths beyond training). Example window (length 8)::
     mask     1 1 1 1 1 1 1 1
 
 The corpus is read once per ``(max_bytes, eval_fraction)`` and cached
-(:func:`load_corpus`); the task copies both splits to the device when made,
-and ``batch`` closes over them (under ``jit`` they are compile-time
+(:func:`load_corpus`); both splits are copied to the device once, when the
+first task on the corpus is made, and ``batch`` closes over them (under ``jit`` they are compile-time
 constants: one copy per compiled length).
 """
 
@@ -96,6 +96,8 @@ class Corpus:
     max_bytes: int
     eval_fraction: float
     root: str
+    # split -> device array, filled on first use (outside any trace) and shared by tasks.
+    device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def metadata(self) -> dict:
         counts = {s: sum(1 for f in self.files if f[1] == s) for s in ("train", "eval")}
@@ -160,8 +162,10 @@ class Text:
                  seed: int = 0):
         self.seed = check_int("seed", seed, minimum=0)
         self.corpus = load_corpus(check_int("max_bytes", max_bytes, minimum=1), eval_fraction)
-        # On the device once, outside any trace, so an outer jit sees concrete arrays.
-        self._device = {s: jax.device_put(self.corpus.data[s]) for s in ("train", "eval")}
+        # On the device once per corpus, outside any trace, so an outer jit sees concrete arrays.
+        for s in ("train", "eval"):
+            if s not in self.corpus.device:
+                self.corpus.device[s] = jax.device_put(self.corpus.data[s])
         self._windows_jit = jax.jit(self._windows, static_argnums=(1, 2, 3))
 
     def options(self) -> dict:
@@ -178,7 +182,7 @@ class Text:
 
     def split_data(self, split: str) -> jax.Array:
         """The split's bytes as a uint8 device array."""
-        return self._device[check_split(split)]
+        return self.corpus.device[check_split(split)]
 
     def batch(self, key, batch_size: int, length: int, *, min_size: int | None = None,
               split: str = "train") -> dict:
