@@ -9,7 +9,7 @@ from posenc import registry
 __version__ = "0.1.0"
 
 _PURE = (
-    "absolute", "rope", "xpos", "alibi", "t5", "shaw", "transformer_xl", "kerple",
+    "absolute", "rope", "rope_scaling", "xpos", "alibi", "t5", "shaw", "transformer_xl", "kerple",
     "fire", "cope", "irope", "norms", "placements", "stability",
 )
 
