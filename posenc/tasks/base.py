@@ -111,7 +111,8 @@ class Task:
         (next tokens) and ``mask`` float32 [B, length] (1.0 on answer tokens).
         Pure jax: jit it with ``jax.jit(task.batch, static_argnums=(1, 2))``
         (pass ``min_size`` / ``split`` through ``functools.partial`` or
-        ``static_argnames``); the same key gives the same batch.
+        ``static_argnames``); the same key gives the same batch. Every row is
+        a real example, so no ``example_mask`` is returned.
         """
         batch_size = check_int("batch_size", batch_size, minimum=1)
         max_n = self.max_size(length)
@@ -131,8 +132,8 @@ class Task:
 
     def _generate(self, key, batch_size, length, lo, hi):
         # All randomness of the batch in one draw of 32-bit words, reduced
-        # modulo each column's bound (bias < bound / 2**32): a single threefry
-        # call keeps compiles fast (each random call adds ~0.5 s of XLA time).
+        # modulo each column's bound (bias < bound / 2**32): one threefry call
+        # keeps compiles fast, since every separate random call is its own kernel.
         bounds = np.array([hi - lo + 1, *self._bounds(hi)], dtype=np.uint32)
         words = jax.random.bits(key, (batch_size, bounds.size), dtype=jnp.uint32)
         draws = (words % bounds).astype(jnp.int32)
