@@ -1,0 +1,135 @@
+"""Tiny end-to-end runs: train + eval + resume parity, reruns, NaN guard, and a 2-encoding comparison."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from posenc.model import Decoder
+from posenc.training import NonFiniteError, loop, optim, results
+from posenc.training import step as step_lib
+from posenc.training.checkpoint import Checkpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # the experiments/ entry points live at the repository root
+    sys.path.insert(0, ROOT)
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny():
+    return load("default").get_config("tiny")  # 20 steps, checkpoints at 10 and 20, evals at 16, 32
+
+
+def restored_params(config, workdir):
+    config, _ = loop.prepare_config(config)
+    model = Decoder(config.model, rngs=nnx.Rngs(99))
+    opt = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
+    _, state = nnx.split((model, opt))
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+    state, record = ckpt.restore(state)
+    ckpt.close()
+    leaves = [jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+              for x in jax.tree.leaves(state)]
+    return leaves, record
+
+
+METRICS = ("loss", "accuracy", "exact_match", "train_loss")
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    rows_a = loop.run(tiny(), a)
+    assert [r["eval_length"] for r in rows_a] == [16, 32]
+    for r in rows_a:
+        results.validate_row(r)
+        assert r["steps"] == 20 and r["position"] == "rope" and r["task"] == "copy"
+    assert loop.run(tiny(), b, max_steps_this_run=10) is None  # "killed" after the step-10 checkpoint
+    assert Checkpointer(os.path.join(b, "checkpoints")).latest_step() == 10
+    assert not os.path.exists(os.path.join(b, "results.jsonl"))
+    rows_b = loop.run(tiny(), b)
+    assert [[r[k] for k in METRICS] for r in rows_a] == [[r[k] for k in METRICS] for r in rows_b]
+    pa, ra = restored_params(tiny(), a)
+    pb, rb = restored_params(tiny(), b)
+    assert ra["step"] == rb["step"] == 20
+    for x, y in zip(pa, pb):
+        np.testing.assert_array_equal(x, y)
+    # rerun of a complete run: reports, never duplicates rows
+    again = loop.run(tiny(), b)
+    assert [[r[k] for k in METRICS] for r in again] == [[r[k] for k in METRICS] for r in rows_b]
+    assert len(results.read_jsonl(os.path.join(b, "results.jsonl"))) == 2
+    config = json.load(open(os.path.join(b, "config.json")))
+    assert config["config_hash"] == rows_b[0]["config_hash"]
+    assert config["config"]["model"]["vocab_size"] == 20  # from the task (4 specials + 16 symbols)
+
+
+def test_workdir_with_another_config_is_refused(tmp_path):
+    c = tiny()
+    loop.run(c, str(tmp_path), max_steps_this_run=1)
+    c.train.learning_rate = 0.5
+    with pytest.raises(ValueError, match="holds a run with a different config"):
+        loop.run(c, str(tmp_path))
+
+
+def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    real = step_lib.train_step_fn
+    calls = {"n": 0}
+
+    def poisoned(task, config):
+        fn = real(task, config)
+
+        def step(graphdef, state, key):
+            state, metrics = fn(graphdef, state, key)
+            calls["n"] += 1
+            if calls["n"] >= 13:  # the 13th step diverges
+                metrics = dict(metrics, loss=metrics["loss"] * np.nan)
+                state = jax.tree.map(lambda x: x * np.nan if x.dtype == np.float32 else x, state)
+            return state, metrics
+
+        return step
+
+    monkeypatch.setattr(step_lib, "train_step_fn", poisoned)
+    with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10"):
+        loop.run(tiny(), str(tmp_path))
+    ckpt = Checkpointer(os.path.join(tmp_path, "checkpoints"))
+    assert ckpt.all_steps() == [10]
+    leaves, record = restored_params(tiny(), str(tmp_path))
+    assert all(np.isfinite(x).all() for x in leaves if x.dtype == np.float32)
+    assert np.isfinite(record["metrics"]["loss"])
+
+
+def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):
+    from experiments import compare as compare_main
+
+    c = load("compare").get_config("quick")
+    c.base = tiny()
+    c.grid.positions = ("learned", "alibi")
+    c.grid.seeds = (0,)
+    rows = compare_main.run_grid(c, str(tmp_path))
+    assert sorted((r["variant"], r["eval_length"]) for r in rows) == [
+        ("alibi", 16), ("alibi", 32), ("learned", 16), ("learned", 32)]
+    learned_long = next(r for r in rows if r["variant"] == "learned" and r["eval_length"] == 32)
+    assert learned_long["accuracy"] is None and "16 rows" in learned_long["not_applicable"]
+    table = open(tmp_path / "table.md").read()
+    assert "| learned |" in table and "n/a" in table and "| alibi |" in table
+    for name in ("copy_accuracy.png", "copy_exact_match.png", "copy_loss.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    assert sorted(os.listdir(tmp_path / "runs")) == ["copy_alibi_rms-pre_s0", "copy_learned_rms-pre_s0"]
+
+    def no_training(*a, **k):
+        raise AssertionError("a complete run was trained again")
+
+    monkeypatch.setattr(step_lib, "train_step_fn", no_training)
+    again = compare_main.run_grid(c, str(tmp_path))
+    assert again == rows
+    assert len(results.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
