@@ -75,7 +75,10 @@ def test_resume_matches_uninterrupted_run(tmp_path):
 
 def test_workdir_with_another_config_is_refused(tmp_path):
     c = tiny()
+    c.train.tensorboard = True
     loop.run(c, str(tmp_path), max_steps_this_run=1)
+    events = os.listdir(tmp_path / "tensorboard")
+    assert any(e.startswith("events.out.tfevents") for e in events)
     c.train.learning_rate = 0.5
     with pytest.raises(ValueError, match="holds a run with a different config"):
         loop.run(c, str(tmp_path))

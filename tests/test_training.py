@@ -119,3 +119,34 @@ def test_randomized_positions_train(tiny):
     c.model.position.update(kind="sinusoidal", randomized=True, randomized_max_position=64)
     _, h = train(c, 2)
     assert np.isfinite(h[-1]["loss"])
+
+
+def test_position_buckets():
+    from posenc.training.evaluate import _buckets
+
+    loss = np.arange(8, dtype=np.float32)
+    mask = np.ones(8, np.float32)
+    mask[1] = 0.0
+    b = _buckets(loss * mask, mask, 4)  # inputs are masked sums over the batch
+    assert [(x["start"], x["end"]) for x in b] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    np.testing.assert_allclose([x["loss"] for x in b], [0.0, 2.5, 4.5, 6.5])
+
+
+def test_text_evaluation_has_position_loss_and_learned_past_table_is_na():
+    from posenc.training import evaluate
+
+    c = tiny_config("tiny,text")
+    c.task.options.max_bytes = 300_000
+    c.task.options.eval_fraction = 0.5  # a small corpus still has eval files
+    c.eval.update(lengths=(16,), position_buckets=4)
+    c, task = loop.prepare_config(c)
+    model = Decoder(c.model, rngs=nnx.Rngs(0))
+    (row,) = evaluate.evaluate(model, task, c)
+    assert [(b["start"], b["end"]) for b in row["position_loss"]] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    # an untrained byte model is near-uniform over 256 bytes everywhere
+    for b in row["position_loss"]:
+        assert abs(b["loss"] - np.log(256)) < 0.5
+    np.testing.assert_allclose(np.mean([b["loss"] for b in row["position_loss"]]), row["loss"], rtol=1e-5)
+    c.model.position.update(kind="learned", max_length=16)
+    na = evaluate.evaluate_length(model, task, c, 32)
+    assert na["loss"] is None and "16 rows" in na["not_applicable"]
