@@ -1,0 +1,181 @@
+"""Decoder: registry coverage, a training step per encoding, config errors, dtypes, traces."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from posenc import norms, registry
+from posenc.model import REGISTRY, Decoder, validate_config
+from posenc.model.config import model_config
+
+B, L, V = 2, 12, 16
+
+
+def small_config(kind="rope", **model):
+    c = model_config()
+    c.vocab_size, c.d_model, c.num_layers, c.num_heads = V, 32, 2, 4
+    c.position.kind, c.position.original_length, c.position.nope_every = kind, 8, 2
+    c.update(model)
+    return c
+
+
+def _tokens(seed=0):
+    return jax.random.randint(jax.random.key(seed), (B, L), 0, V)
+
+
+def test_registry_covers_every_position_kind():
+    assert set(REGISTRY) == set(registry.POSITION_KINDS)
+
+
+# Each encoding trains with a different model variant, so every variant runs once too.
+VARIANTS = [
+    dict(),
+    dict(mlp="swiglu"),
+    dict(tie_embeddings=False),
+    dict(num_kv_heads=2),
+    dict(dropout=0.1),
+    dict(norm=dict(qk_norm="layer")),
+    dict(norm=dict(qk_norm="rms")),
+    dict(norm=dict(qk_norm="rms_full")),
+    dict(norm=dict(qk_norm="l2")),
+    dict(norm=dict(attn_softcap=5.0, final_softcap=3.0)),
+    dict(norm=dict(embed_scale=True)),
+    dict(norm=dict(placement="deepnorm")),
+    dict(norm=dict(placement="rezero", kind="none")),
+    dict(attention_impl="blocked", attention_block=5),
+]
+CASES = list(zip(sorted(REGISTRY), VARIANTS))
+
+
+@pytest.mark.parametrize("kind,variant", CASES)
+def test_one_training_step_lowers_the_loss(kind, variant):
+    cfg = small_config(kind, **variant)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    g, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.adam(1e-2)
+    opt = tx.init(params)
+    tokens = _tokens()
+
+    @jax.jit
+    def step(params, rest, opt, tokens):
+        def loss_fn(params):
+            # copy=True: fresh Variables in this trace, so dropout may advance its RNG count.
+            m = nnx.merge(g, params, rest, copy=True)
+            logits, stats = m(tokens[:, :-1], deterministic=False, return_stats=True)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+            return loss, (stats, nnx.state(m, nnx.Not(nnx.Param)))
+
+        (loss, (stats, rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), rest, opt, loss, stats
+
+    losses = []
+    for _ in range(3):
+        params, rest, opt, loss, stats = step(params, rest, opt, tokens)
+        losses.append(float(loss))
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
+    assert set(stats) == {"max_attention_logit", "attention_entropy", "logit_mean", "log_z"}
+    assert all(math.isfinite(float(v)) for v in stats.values())
+
+
+def test_logits_shape_dtype_and_default_positions():
+    model = Decoder(small_config("rope"), rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    logits = model(tokens)
+    assert logits.shape == (B, L, V) and logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, model(tokens, jnp.arange(L)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(logits, model(tokens, jnp.tile(jnp.arange(L), (B, 1))),
+                               rtol=1e-6, atol=1e-6)
+    # RoPE is relative: shifting every position leaves the logits (almost) unchanged.
+    np.testing.assert_allclose(logits, model(tokens, 100 + jnp.arange(L)), rtol=1e-4, atol=1e-4)
+
+
+def test_final_softcap_bounds_the_logits():
+    model = Decoder(small_config("nope", norm=dict(final_softcap=0.5)), rngs=nnx.Rngs(0))
+    assert float(jnp.abs(model(_tokens())).max()) <= 0.5
+
+
+def test_deepnorm_initialises_value_output_and_mlp_with_gain_beta():
+    cfg = small_config("nope", d_model=64, num_layers=6, norm=dict(placement="deepnorm"))
+    block = Decoder(cfg, rngs=nnx.Rngs(0)).blocks[0]
+    _, beta = norms.deepnorm_constants(6)
+    assert block.alpha == pytest.approx((2 * 6) ** 0.25)
+    # xavier normal: std = gain * sqrt(2 / (fan_in + fan_out)); fan_in = fan_out = 64 for v/out.
+    for w, gain in ((block.attn.wv, beta), (block.attn.wo, beta), (block.attn.wq, 1.0)):
+        std = float(jnp.std(w[...]))
+        assert std == pytest.approx(gain * math.sqrt(2 / 128), rel=0.1)
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+    f32 = Decoder(small_config("rope"), rngs=nnx.Rngs(0))
+    bf16 = Decoder(small_config("rope", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(bf16, nnx.Param)))
+    a, b = f32(_tokens()), bf16(_tokens())
+    assert b.dtype == jnp.float32
+    assert float(jnp.abs(a - b).max()) < 0.05 * float(jnp.abs(a).max()) + 1e-2
+    assert float(jnp.abs(a - b).max()) > 0  # bf16 really ran
+
+
+def test_jitted_forward_traces_once_per_shape():
+    model = Decoder(small_config("alibi"), rngs=nnx.Rngs(0))
+    g, state = nnx.split(model)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def forward(state, tokens, positions):
+        return nnx.merge(g, state)(tokens, positions)
+
+    forward(state, _tokens(0), jnp.arange(L))
+    forward(state, _tokens(1), 5 + jnp.arange(L))  # new values, same shapes: no retrace
+    chex.clear_trace_counter()
+
+
+def test_learned_table_shorter_than_the_sequence_raises_before_tracing():
+    model = Decoder(small_config("learned", position=dict(max_length=8)), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="sequence length 12 exceeds the learned position table"):
+        model(_tokens())
+    with pytest.raises(ValueError, match="length 16 exceeds the learned position table"):
+        validate_config(small_config("learned", position=dict(max_length=8)), max_length=16)
+
+
+BAD = [
+    (dict(position=dict(kind="rop")), "unknown position kind 'rop'; choose one of: alibi"),
+    (dict(norm=dict(kind="batch")), "unknown norm kind 'batch'"),
+    (dict(norm=dict(placement="middle")), "unknown norm placement 'middle'"),
+    (dict(norm=dict(qk_norm="cosine")), "unknown qk_norm 'cosine'"),
+    (dict(mlp="relu"), "unknown mlp 'relu'; choose one of: gelu, swiglu"),
+    (dict(dtype="float16"), "unknown dtype 'float16'; choose one of: float32, bfloat16"),
+    (dict(attention_impl="flash"), "unknown attention_impl 'flash'"),
+    (dict(d_model=30), "d_model 30 is not divisible by num_heads 4"),
+    (dict(num_kv_heads=3), "num_heads 4 is not divisible by num_kv_heads 3"),
+    (dict(head_dim=6, position=dict(rotary_fraction=0.5)), "rotary dim .* = 3 must be even"),
+    (dict(position=dict(scaling="yarn", original_length=0)),
+     "scaling 'yarn' needs model.position.original_length"),
+    (dict(position=dict(scaling="ntk_by_parts")), "unknown position.scaling 'ntk_by_parts'"),
+    (dict(position=dict(layer_kinds=("rope",))), "layer_kinds has 1 entries .* \\(num_layers=2\\)"),
+    (dict(position=dict(layer_kinds=("rope", "learned"))), "'learned' is an input embedding"),
+    (dict(position=dict(layer_kinds=("rope", "ropee"))), "unknown position kind 'ropee'"),
+    (dict(norm=dict(attn_softcap=-1.0)), "attn_softcap must be >= 0"),
+    (dict(dropout=1.0), "dropout must be in \\[0, 1\\)"),
+]
+
+
+@pytest.mark.parametrize("override,message", BAD)
+def test_bad_config_raises_at_construction(override, message):
+    with pytest.raises(ValueError, match=message):
+        Decoder(small_config("rope", **override), rngs=nnx.Rngs(0))
+
+
+def test_layer_kinds_give_each_layer_its_encoding():
+    cfg = small_config("rope", position=dict(layer_kinds=("alibi", "nope")))
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    assert [type(b.attn.encoding).__name__ for b in model.blocks] == ["ALiBi", "NoPE"]
+    irope = Decoder(small_config("irope"), rngs=nnx.Rngs(0))
+    assert [b.attn.encoding.nope for b in irope.blocks] == [False, True]  # nope_every=2
