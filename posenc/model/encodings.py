@@ -8,16 +8,17 @@ An encoding touches attention at up to four points (``posenc.registry``):
   rotate or scale queries and keys (RoPE family, xPos, iRoPE);
 - ``bias(q_positions, k_positions)``: a logit bias from positions only
   (ALiBi, T5, KERPLE, FIRE), and ``content_logits(q, k, q_positions,
-  k_positions, scale=)`` from content and positions (Shaw, Transformer-XL,
-  CoPE; ``q_offset`` is the index of the first query among the keys); both are added to ``scale * q.k`` before soft-capping;
+  k_positions, scale=, q_offset=)`` from content and positions (Shaw,
+  Transformer-XL, CoPE; ``q_offset`` is the index of the first query among
+  the keys); both are added to ``scale * q.k`` before soft-capping;
 - ``values(weights, q_positions, k_positions)``: a term added to ``w @ v``
   (Shaw), linear in ``weights`` so the online softmax may rescale it.
 
 Attention calls these methods and never branches on the kind. Parameters are
 ``nnx.Param``; the math is in the pure modules (``posenc.rope`` etc.). Each
-layer owns its own encoding (T5 shares one table across layers from layer
-0; here every layer has its own table, like ALiBi's per-layer freedom for
-KERPLE and FIRE: one convention for all learned biases).
+layer owns its own encoding: T5 shares one table across layers (owned by
+layer 0); here every layer has its own T5 table, the same convention as the
+per-layer KERPLE, FIRE, Shaw, Transformer-XL and CoPE parameters.
 
 ``seq_len`` is the current sequence length (the static L of a forward call,
 the cache length after appending in decoding); only the dynamic RoPE kinds
@@ -26,8 +27,6 @@ use it.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -35,9 +34,7 @@ from flax import nnx
 import posenc
 from posenc import absolute, alibi, fire, kerple, registry, shaw, t5
 
-DYNAMIC_SCALINGS = ("dynamic", "dynamic_yarn")
-# RoPE scalings whose frequencies depend on the training length.
-NEEDS_ORIGINAL_LENGTH = ("dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
+DYNAMIC_SCALINGS = ("dynamic", "dynamic_yarn")  # frequencies depend on the current length
 
 
 class Encoding(nnx.Module):
@@ -322,6 +319,7 @@ _NEEDS_RNGS = (Learned, T5, Kerple, Fire, Shaw, TransformerXL, CoPE)
 
 
 def is_embed_kind(kind: str) -> bool:
+    """Whether ``kind`` acts at the input embedding (then its layers are NoPE)."""
     return "embed" in registry.attach_points(kind)
 
 
@@ -337,5 +335,3 @@ def build(kind, cfg, *, d_model, num_heads, head_dim, layer_index=0, num_layers=
     return cls(cfg, **kw)
 
 
-def scale_default(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc import registry
+from posenc import registry, rope
 from posenc.model import attention
 
 MLPS = ("gelu", "swiglu")
@@ -12,7 +12,7 @@ SINUSOIDAL_LAYOUTS = ("interleaved", "concat")
 ROTARY_KINDS = ("rope", "irope", "xpos")
 # RoPE scalings whose frequencies need the training length (posenc.rope).
 NEEDS_ORIGINAL_LENGTH = ("dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
-ROPE_SCALINGS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
+ROPE_SCALINGS = rope.KINDS
 
 
 def _choice(name, value, allowed):
