@@ -54,8 +54,9 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     for r in rows_a:
         results.validate_row(r)
         assert r["steps"] == 20 and r["position"] == "rope" and r["task"] == "copy"
-    assert loop.run(tiny(), b, max_steps_this_run=10) is None  # "killed" after the step-10 checkpoint
-    assert Checkpointer(os.path.join(b, "checkpoints")).latest_step() == 10
+    # "killed" after step 7 (checkpointed; mid log window and between regular checkpoints)
+    assert loop.run(tiny(), b, max_steps_this_run=7) is None
+    assert Checkpointer(os.path.join(b, "checkpoints")).latest_step() == 7
     assert not os.path.exists(os.path.join(b, "results.jsonl"))
     rows_b = loop.run(tiny(), b)
     assert [[r[k] for k in METRICS] for r in rows_a] == [[r[k] for k in METRICS] for r in rows_b]

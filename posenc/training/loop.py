@@ -154,11 +154,12 @@ def _check_finite(window, checkpoint_dir, last_good):
         for name in CHECKED:
             value = float(metrics.get(name, 0.0))
             if not math.isfinite(value):
+                kept = (f"The last good checkpoint is step {last_good} in {checkpoint_dir}"
+                        if last_good else "No checkpoint had been written yet")
                 raise NonFiniteError(
-                    f"non-finite {name} ({value}) at step {step}; training stopped. The last good "
-                    f"checkpoint is step {last_good} in {checkpoint_dir} (no checkpoint is written "
-                    "after a non-finite step). Try a lower train.learning_rate, train.clip_norm, "
-                    "train.z_loss or a different model.norm.placement."
+                    f"non-finite {name} ({value}) at step {step}; training stopped. {kept} (no "
+                    "checkpoint is written after a non-finite step). Try a lower "
+                    "train.learning_rate, train.clip_norm, train.z_loss or another model.norm.placement."
                 )
 
 
@@ -219,30 +220,41 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     bar = _progress(steps, start, bool(config.train.progress) and end > start)
     log_path = os.path.join(workdir, "train_log.jsonl")
     log_rows = [r for r in results.read_jsonl(log_path) if r["step"] <= start]
-    window, last_good, last_metrics = [], start if start else None, record.get("metrics", {})
+    # `window`: host metrics since the last log boundary (stored in checkpoints, so a
+    # resumed run averages exactly the steps an uninterrupted one does); `unchecked`:
+    # device metrics not yet checked for NaN / Inf (one host sync per check).
+    window = [(int(k), m) for k, m in record.get("window", [])]
+    unchecked, last_good, last_metrics = [], start if start else None, record.get("metrics", {})
     t0, seconds = time.time(), float(record.get("train_seconds", 0.0))
     try:
         for t in range(start, end):
             state, metrics = train_step(graphdef, state, jax.random.fold_in(data_root, t))
-            window.append((t + 1, metrics))
             s = t + 1
+            unchecked.append((s, metrics))
+            is_log = s % log_every == 0 or s == steps
             is_ckpt = s % ckpt_every == 0 or s == steps or s == end
-            if s % log_every == 0 or is_ckpt:
-                window = [(k, jax.device_get(m)) for k, m in window]
-                _check_finite(window, ckpt.directory, last_good)
-                last_metrics = {k: float(np.mean([float(m[k]) for _, m in window])) for k in window[-1][1]}
-                last_metrics["lr"] = float(window[-1][1]["lr"])
+            if not (is_log or is_ckpt):
+                continue
+            checked = [(k, {n: float(v) for n, v in jax.device_get(m).items()}) for k, m in unchecked]
+            _check_finite(checked, ckpt.directory, last_good)
+            window += checked
+            if bar is not None:
+                bar.update(len(unchecked))
+            unchecked = []
+            if is_log:
+                last_metrics = {k: float(np.mean([m[k] for _, m in window])) for k in window[-1][1]}
+                last_metrics["lr"] = window[-1][1]["lr"]
                 log_rows.append({"step": s, **last_metrics})
-                logging.info("step %d/%d %s", s, steps, " ".join(f"{k}={v:.4g}" for k, v in sorted(last_metrics.items())))
+                logging.info("step %d/%d %s", s, steps,
+                             " ".join(f"{k}={v:.4g}" for k, v in sorted(last_metrics.items())))
                 if writer is not None:
                     for k, v in last_metrics.items():
                         writer.add_scalar(f"train/{k}", v, s)
                 if bar is not None:
-                    bar.update(len(window))
                     bar.set_postfix_str(f"loss={last_metrics['loss']:.4f} acc={last_metrics['accuracy']:.3f}")
                 window = []
             if is_ckpt:
-                ckpt.save(s, state, {"step": s, "metrics": last_metrics,
+                ckpt.save(s, state, {"step": s, "metrics": last_metrics, "window": window,
                                      "train_seconds": seconds + time.time() - t0})
                 results.write_jsonl(log_path, log_rows)
                 last_good = s
@@ -250,7 +262,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
         if bar is not None:
             bar.close()
         if writer is not None:
-            writer.flush()
+            writer.close()
         ckpt.close()
     seconds += time.time() - t0
     if end < steps:
@@ -262,7 +274,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     evals = evaluate_lib.evaluate(model, task, config)
     eval_seconds = time.time() - t1
     pos, norm = config.model.position, config.model.norm
-    rows = []
+    rows, writer = [], _tensorboard(config, workdir)
     for ev in evals:
         rows.append(results.make_row(
             name=name or os.path.basename(workdir), task=config.task.name, position=pos.kind,
@@ -277,6 +289,8 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
             for k in results.METRICS:
                 if ev[k] is not None:
                     writer.add_scalar(f"eval/{k}", ev[k], ev["eval_length"])
+    if writer is not None:
+        writer.close()
     merged = results.merge_rows(results.read_jsonl(results_path), rows)
     results.write_jsonl(results_path, merged)
     for r in rows:
