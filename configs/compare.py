@@ -15,8 +15,9 @@ Args:
     full      every position kind in posenc.registry.POSITION_KINDS, 3 seeds,
               copy and reverse, the default (longer) training.
     norms     RoPE with every norm placement, 2 seeds, a higher learning rate.
-    scaling   RoPE trained with each frequency scaling (PI, NTK, YaRN, Llama 3)
-              at factor 4, against plain RoPE and ALiBi.
+    scaling   RoPE context extension at factor 4: plain RoPE evaluated zero-shot
+              with PI, NTK, dynamic NTK, YaRN and Llama 3 scaling
+              (`eval.position_overrides`), RoPE trained with YaRN, and ALiBi.
 
 Grid fields: `grid.tasks`, `grid.positions` (a position kind or a name in
 `variants`), `grid.placements`, `grid.norms`, `grid.seeds`. `variants` maps a
@@ -77,11 +78,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.grid = _grid(placements=tuple(registry.PLACEMENTS), seeds=(0, 1))
     elif arg == "scaling":
         c.base.train.progress = False
-        kinds = {"rope_pi": "linear", "rope_ntk": "ntk", "rope_yarn": "yarn", "rope_llama3": "llama3"}
-        for name, kind in kinds.items():
-            c.variants[name] = (f"model.position.kind=rope;model.position.scaling={kind};"
-                                "model.position.scaling_factor=4.0")
-        c.grid = _grid(positions=("rope", *kinds, "alibi"), seeds=(0, 1))
+        # Zero-shot context extension of one trained RoPE model per seed: the same
+        # training, evaluated with each frequency scaling at factor 4 (4x the training length).
+        for name, kind in {"pi": "linear", "ntk": "ntk", "dynamic_ntk": "dynamic", "yarn": "yarn",
+                           "llama3": "llama3"}.items():
+            c.variants[f"rope_{name}_zeroshot"] = (
+                f"model.position.kind=rope;eval.position_overrides=scaling={kind},scaling_factor=4.0")
+        c.variants["rope_yarn_trained"] = (
+            "model.position.kind=rope;model.position.scaling=yarn;model.position.scaling_factor=4.0")
+        c.grid = _grid(positions=("rope", *c.variants, "alibi"), seeds=(0, 1))
     else:
         raise ValueError(f"unknown configs/compare.py argument {arg!r}; choose one of: quick, full, norms, scaling")
     return c

@@ -45,10 +45,10 @@ def _base() -> ml_collections.ConfigDict:
     c.model = model_config()
     c.model.position.max_length = 0  # 0: task.train_length
     c.train = ml_collections.ConfigDict(dict(
-        steps=1500,
+        steps=5000,
         batch_size=32,
         learning_rate=1e-3,
-        warmup_steps=100,
+        warmup_steps=200,
         min_lr_ratio=0.1,  # cosine decays to learning_rate * min_lr_ratio
         weight_decay=0.1,  # on matrices only
         clip_norm=1.0,  # global-norm clipping; 0 = off
@@ -57,8 +57,8 @@ def _base() -> ml_collections.ConfigDict:
         eps=1e-9,
         z_loss=0.0,  # PaLM z-loss weight (1e-4 typical); 0 = off
         seed=0,  # model init and data keys
-        log_every=100,
-        checkpoint_every=500,
+        log_every=250,
+        checkpoint_every=1000,
         keep_checkpoints=2,
         tensorboard=False,  # event files in WORKDIR/tensorboard (needs tensorboardX)
         progress=True,  # progress bar on stderr
@@ -69,6 +69,9 @@ def _base() -> ml_collections.ConfigDict:
         num_batches=4,
         seed=1234,
         position_buckets=8,  # text: loss over 8 position ranges per length
+        # zero-shot context extension, e.g. "scaling=yarn,scaling_factor=4.0": evaluate the
+        # trained parameters with these model.position fields changed ("" = as trained)
+        position_overrides="",
     ))
     return c
 
@@ -80,7 +83,7 @@ def _apply(c: ml_collections.ConfigDict, token: str) -> None:
             c.task.train_length = 64
             c.task.options = ml_collections.ConfigDict(dict(max_bytes=2_000_000))
             c.eval.lengths = (64, 128, 256, 512, 1024)
-            c.eval.num_batches = 2
+            c.eval.num_batches = 4
             c.eval.batch_size = 8
             c.train.steps = 1000
     elif token in registry.POSITION_KINDS:

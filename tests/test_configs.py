@@ -88,7 +88,7 @@ def test_lock_config_rejects_typo_on_the_command_line():
     ("model.norm.placement", "middle", r"unknown norm placement 'middle'"),
     ("train.steps", 0, r"train.steps must be a positive integer, got 0"),
     ("train.learning_rate", -1.0, r"train.learning_rate must be > 0"),
-    ("train.warmup_steps", 10_000, r"train.warmup_steps must be in \[0, train.steps=1500\]"),
+    ("train.warmup_steps", 10_000, r"train.warmup_steps must be in \[0, train.steps=5000\]"),
     ("eval.lengths", (), r"eval.lengths must be a non-empty tuple"),
 ])
 def test_validation_errors_name_the_field(field, value, message):

@@ -137,3 +137,19 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
     again = compare_main.run_grid(c, str(tmp_path))
     assert again == rows
     assert len(results.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
+
+
+def test_grid_expansion_and_overrides():
+    from experiments import compare as compare_main
+
+    c = load("compare").get_config("scaling")
+    points = {variant: run for _, variant, run in compare_main.expand(c) if run.train.seed == 0}
+    zs = points["rope_yarn_zeroshot"]
+    assert zs.model.position.kind == "rope" and zs.eval.position_overrides == "scaling=yarn,scaling_factor=4.0"
+    assert points["rope_yarn_trained"].model.position.scaling_factor == 4.0
+    assert points["alibi"].model.position.kind == "alibi"
+    loop.validate_config(zs)
+    names = [name for name, _, _ in compare_main.expand(c)]
+    assert len(names) == len(set(names)) == len(c.grid.positions) * len(c.grid.seeds)
+    with pytest.raises(ValueError, match="unknown config field 'train.stepz'"):
+        compare_main.apply_overrides(zs, "train.stepz=3")

@@ -150,3 +150,23 @@ def test_text_evaluation_has_position_loss_and_learned_past_table_is_na():
     c.model.position.update(kind="learned", max_length=16)
     na = evaluate.evaluate_length(model, task, c, 32)
     assert na["loss"] is None and "16 rows" in na["not_applicable"]
+
+
+def test_zero_shot_position_overrides():
+    from posenc.training import evaluate
+
+    c = tiny_config("tiny")
+    c.eval.lengths = (32,)
+    c, task = loop.prepare_config(c)
+    model = Decoder(c.model, rngs=nnx.Rngs(0))
+    (plain,) = evaluate.evaluate(model, task, c)
+    c.eval.position_overrides = "scaling=linear,scaling_factor=4"
+    extended, ec = evaluate.eval_model(model, c)
+    assert ec.model.position.scaling == "linear" and ec.model.position.scaling_factor == 4.0
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(extended, nnx.Param))):
+        np.testing.assert_array_equal(a, b)  # same trained parameters
+    (scaled,) = evaluate.evaluate(model, task, c)
+    assert scaled["loss"] != plain["loss"]  # positions are interpolated 4x
+    c.eval.position_overrides = "kind=alibi"
+    with pytest.raises(ValueError, match="cannot override 'kind'"):
+        evaluate.eval_model(model, c)

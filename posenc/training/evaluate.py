@@ -12,6 +12,11 @@ Not applicable (metrics ``None`` and a ``not_applicable`` reason): a learned
 absolute table evaluated past its ``max_length`` rows, and randomized
 positions at lengths above ``randomized_max_position``.
 
+Zero-shot context extension: ``eval.position_overrides`` (e.g.
+``"scaling=yarn,scaling_factor=4.0"``) evaluates the trained parameters in
+a model whose ``model.position`` fields are overridden (RoPE frequency
+scaling: PI, NTK, YaRN, Llama 3, ...); the position kind cannot change.
+
 For the ``text`` task a row also carries ``position_loss``: mean loss over
 ``eval.position_buckets`` equal position ranges ``[b L / n, (b + 1) L / n)``
 (the loss-vs-position curve of Press et al. 2022).
@@ -19,11 +24,48 @@ For the ``text`` task a row also carries ``position_loss``: mean loss over
 
 from __future__ import annotations
 
+import ast
+
 import jax
 import numpy as np
 from flax import nnx
 
 from posenc.training import step as step_lib
+
+
+def parse_overrides(text: str) -> dict:
+    """``"a=1,b=x"`` -> ``{"a": 1, "b": "x"}`` (values as Python literals where they parse)."""
+    out = {}
+    for item in filter(None, (t.strip() for t in str(text).split(","))):
+        if "=" not in item:
+            raise ValueError(f"eval.position_overrides item {item!r} is not of the form field=value")
+        k, v = (t.strip() for t in item.split("=", 1))
+        try:
+            out[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k] = v
+    return out
+
+
+def eval_model(model, config):
+    """``(model, config)`` to evaluate: with ``eval.position_overrides`` a copy of the model
+    with the overridden position fields and the trained parameters."""
+    overrides = parse_overrides(config.eval.get("position_overrides", ""))
+    if not overrides:
+        return model, config
+    from posenc.model import Decoder, validate_config
+
+    config = config.copy_and_resolve_references()
+    pos = config.model.position
+    for k, v in overrides.items():
+        if k not in pos or k == "kind":
+            allowed = ", ".join(sorted(f for f in pos if f != "kind"))
+            raise ValueError(f"eval.position_overrides: cannot override {k!r}; choose from: {allowed}")
+        pos[k] = float(v) if isinstance(pos[k], float) and isinstance(v, int) else v
+    validate_config(config.model)
+    extended = Decoder(config.model, rngs=nnx.Rngs(0))
+    nnx.update(extended, nnx.state(model, nnx.Param))
+    return extended, config
 
 
 def not_applicable(config, length: int) -> str | None:
@@ -86,4 +128,5 @@ def evaluate_length(model, task, config, length: int) -> dict:
 def evaluate(model, task, config, lengths=None) -> list[dict]:
     """:func:`evaluate_length` at each of ``lengths`` (default ``config.eval.lengths``)."""
     lengths = tuple(config.eval.lengths) if lengths is None else tuple(lengths)
+    model, config = eval_model(model, config)
     return [evaluate_length(model, task, config, int(n)) for n in lengths]

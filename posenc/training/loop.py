@@ -280,9 +280,11 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
             name=name or os.path.basename(workdir), task=config.task.name, position=pos.kind,
             scaling=pos.scaling if pos.kind in ("rope", "irope") else None,
             randomized=bool(pos.randomized), norm=norm.kind, placement=norm.placement,
+            eval_position_overrides=config.eval.get("position_overrides", "") or None,
             seed=int(config.train.seed), train_length=int(config.task.train_length), steps=steps,
             config_hash=h, train_loss=last_metrics.get("loss"), train_accuracy=last_metrics.get("accuracy"),
-            train_seconds=seconds, eval_seconds=eval_seconds, wall_time=time.time(),
+            train_seconds=seconds, eval_seconds=eval_seconds, wall_time=seconds + eval_seconds,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             jax_version=jax.__version__, posenc_version=posenc.__version__,
             task_metadata=task.metadata(), **ev))
         if writer is not None:
