@@ -18,12 +18,12 @@ import optax
 
 def learning_rate_schedule(train) -> optax.Schedule:
     """Warmup + cosine schedule from ``config.train`` (steps, learning_rate, warmup_steps, min_lr_ratio)."""
-    steps, warmup = int(train.steps), int(train.warmup_steps)
+    steps, warmup = int(train["steps"]), int(train["warmup_steps"])
     if steps <= 0:
         raise ValueError(f"train.steps must be > 0, got {steps}")
     if not 0 <= warmup <= steps:
         raise ValueError(f"train.warmup_steps must be in [0, train.steps={steps}], got {warmup}")
-    peak = float(train.learning_rate)
+    peak = float(train["learning_rate"])
     if not peak > 0:
         raise ValueError(f"train.learning_rate must be > 0, got {peak}")
     return optax.warmup_cosine_decay_schedule(
@@ -31,7 +31,7 @@ def learning_rate_schedule(train) -> optax.Schedule:
         peak_value=peak,
         warmup_steps=warmup,
         decay_steps=max(steps, warmup + 1),
-        end_value=peak * float(train.min_lr_ratio),
+        end_value=peak * float(train["min_lr_ratio"]),
     )
 
 
@@ -39,31 +39,28 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
 
 
-def _key(train) -> str:
-    fields = ("steps", "warmup_steps", "learning_rate", "min_lr_ratio", "weight_decay",
-              "clip_norm", "b1", "b2", "eps")
-    return json.dumps({f: train[f] for f in fields}, sort_keys=True)
+FIELDS = ("steps", "warmup_steps", "learning_rate", "min_lr_ratio", "weight_decay",
+          "clip_norm", "b1", "b2", "eps")
+
+
+def settings_key(train) -> str:
+    """Canonical JSON of the ``config.train`` fields the optimizer depends on."""
+    return json.dumps({f: train[f] for f in FIELDS}, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=64)
 def _make(key: str) -> optax.GradientTransformation:
     train = json.loads(key)
-
-    class _T(dict):
-        __getattr__ = dict.__getitem__
-
-    train = _T(train)
-    schedule = learning_rate_schedule(train)
     chain = []
-    if float(train.clip_norm) > 0:
-        chain.append(optax.clip_by_global_norm(float(train.clip_norm)))
+    if float(train["clip_norm"]) > 0:
+        chain.append(optax.clip_by_global_norm(float(train["clip_norm"])))
     chain.append(
         optax.adamw(
-            schedule,
-            b1=float(train.b1),
-            b2=float(train.b2),
-            eps=float(train.eps),
-            weight_decay=float(train.weight_decay),
+            learning_rate_schedule(train),
+            b1=float(train["b1"]),
+            b2=float(train["b2"]),
+            eps=float(train["eps"]),
+            weight_decay=float(train["weight_decay"]),
             mask=_decay_mask,
         )
     )
@@ -77,4 +74,4 @@ def make_optimizer(train) -> optax.GradientTransformation:
     models that differ only in seed share a graph definition and the jitted
     train step compiles once per process.
     """
-    return _make(_key(train))
+    return _make(settings_key(train))

@@ -78,11 +78,11 @@ def train_step_fn(task, config):
     logit_mean, log_z).
     """
     train, pos = config.train, config.model.position
-    key = ("train", _task_key(config), int(train.batch_size), int(config.task.train_length),
-           optim._key(train), float(train.z_loss), bool(pos.randomized),
+    cache_key = ("train", _task_key(config), int(train.batch_size), int(config.task.train_length),
+           optim.settings_key(train), float(train.z_loss), bool(pos.randomized),
            int(pos.randomized_max_position))
-    if key in _CACHE:
-        return _CACHE[key]
+    if cache_key in _CACHE:
+        return _CACHE[cache_key]
     batch_size, length = int(train.batch_size), int(config.task.train_length)
     min_size, z_weight = _min_size(config), float(train.z_loss)
     schedule = optim.learning_rate_schedule(train)
@@ -112,7 +112,7 @@ def train_step_fn(task, config):
         return nnx.state((model, optimizer)), metrics
 
     fn = jax.jit(step, donate_argnums=(1,))
-    _CACHE[key] = fn
+    _CACHE[cache_key] = fn
     return fn
 
 
@@ -124,10 +124,10 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bo
     ``position_loss`` [L] and ``position_mask`` [L] (sums over the batch).
     """
     pos = config.model.position
-    key = ("eval", _task_key(config), int(length), int(batch_size), bool(per_position),
+    cache_key = ("eval", _task_key(config), int(length), int(batch_size), bool(per_position),
            bool(pos.randomized), int(pos.randomized_max_position))
-    if key in _CACHE:
-        return _CACHE[key]
+    if cache_key in _CACHE:
+        return _CACHE[cache_key]
 
     def step(graphdef, state, key):
         model = nnx.merge(graphdef, state)
@@ -153,7 +153,7 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bo
         return out
 
     fn = jax.jit(step)
-    _CACHE[key] = fn
+    _CACHE[cache_key] = fn
     return fn
 
 
