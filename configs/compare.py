@@ -62,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         b = c.base
         b.task.train_length = 16
         b.model.update(d_model=64, num_layers=2, num_heads=4)
-        b.train.update(steps=1000, batch_size=32, learning_rate=3e-3, warmup_steps=50,
+        b.train.update(steps=1500, batch_size=32, learning_rate=3e-3, warmup_steps=75,
                        log_every=250, checkpoint_every=500, progress=False)
         b.eval.update(lengths=(16, 32, 64, 128), batch_size=32, num_batches=2)
         c.grid = _grid(positions=("nope", "sinusoidal", "learned", "rope", "alibi", "t5"), seeds=(0, 1))
