@@ -1,0 +1,50 @@
+"""Benchmark cases: training and long-context evaluation throughput and memory.
+
+    python -m experiments.benchmark --config configs/benchmark.py:R
+    python -m experiments.benchmark --config configs/benchmark.py:T
+    python -m experiments.benchmark --config configs/benchmark.py:long
+    # side by side with the PyTorch peer (x-transformers) in the same run:
+    python -m experiments.benchmark --config configs/benchmark.py:R \
+        --peer_python=/tmp/xt/bin/python --peer_script=../shared/bench/xt_bench.py
+
+Cases (the model matches the peer's x-transformers decoder: pre-LayerNorm,
+GELU MLP x4, untied head, random-token language modelling):
+    R     d_model 256, 4 layers, 4 heads, batch 16, seq 256, vocab 256
+    T     d_model 64, 2 layers, 4 heads, batch 32, seq 64, vocab 32
+    long  case R evaluated on one sequence of 2K, 8K, 16K and 64K tokens,
+          each length in a fresh process (its peak RSS is its own)
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import default
+
+CASES = ("R", "T", "long")
+
+
+def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
+    case = arg or "R"
+    if case not in CASES:
+        raise ValueError(f"unknown benchmark case {case!r}; choose one of: {', '.join(CASES)}")
+    c = default.get_config()
+    m = c.model
+    m.norm.kind, m.norm.placement, m.mlp, m.mlp_ratio = "layer", "pre", "gelu", 4.0
+    m.tie_embeddings = False
+    small = case == "T"
+    m.d_model, m.num_layers, m.num_heads = (64, 2, 4) if small else (256, 4, 4)
+    m.vocab_size = 32 if small else 256
+    c.task.train_length = 64 if small else 256
+    c.train.batch_size = 32 if small else 16
+    c.train.warmup_steps = 0
+    c.bench = ml_collections.ConfigDict(dict(
+        case=case,
+        positions=("rope", "alibi", "t5", "nope"),
+        train=case != "long",
+        warmup=5,
+        steps=50 if small else 20,
+        eval_lengths=(2048, 8192, 16384, 65536) if case == "long" else (),
+        eval_repeats=2,  # timed forward passes per eval length (median), after the compile
+    ))
+    return c

@@ -1,0 +1,230 @@
+"""Throughput and memory benchmark: one JSON line per measurement.
+
+    python -m experiments.benchmark --config configs/benchmark.py:R [--peer_python=/tmp/xt/bin/python]
+
+Training lines: ``case, position, train_tokens_per_s`` (median over timed
+steps after warm-up), ``model_flops_per_s`` (PaLM accounting: 6 N + 12 l L d
+per token, N the non-embedding parameters), ``matmul_peak_flops_per_s`` (a
+float32 1024^3 matmul measured in the same run), ``compile_s``,
+``peak_rss_mb``. Evaluation lines (case ``long``): ``case, position,
+eval_length, eval_tokens_per_s, peak_rss_mb``, each from a fresh process.
+With ``--peer_python``, the x-transformers script runs on the same config
+right after each measurement and a ``ratio`` line gives posenc / peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py:R", "benchmark case", lock_config=True)
+_PEER_PYTHON = flags.DEFINE_string("peer_python", "", "python of a venv with torch and x-transformers")
+_PEER_SCRIPT = flags.DEFINE_string("peer_script", "../shared/bench/xt_bench.py", "the peer benchmark script")
+_ONLY = flags.DEFINE_list("positions", [], "subset of the case's positions")
+_EVAL_CHILD = flags.DEFINE_string("eval_child", "", "internal: POSITION:LENGTH, one eval in this process")
+
+PEER_PE = {"rope": "rotary", "alibi": "alibi", "t5": "t5", "nope": "none", "learned": "abs"}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def _config_for(config, position: str):
+    import copy
+
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.model.position.kind = position
+        c.model.position.max_length = max(int(c.task.train_length), *(int(n) for n in c.bench.eval_lengths or (0,)))
+        c.model.position.original_length = int(c.task.train_length)
+    return c
+
+
+def matmul_peak_flops_per_s(n: int = 1024, repeats: int = 10) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a, a).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+class RandomTokens:
+    """Uniform random tokens, every position a target: the peer's workload."""
+
+    name = "random"
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def batch(self, key, batch_size, length, *, min_size=None, split="train"):
+        import jax
+        import jax.numpy as jnp
+
+        x = jax.random.randint(key, (batch_size, length + 1), 0, self.vocab_size, jnp.int32)
+        return {"inputs": x[:, :-1], "targets": x[:, 1:], "mask": jnp.ones((batch_size, length), jnp.float32)}
+
+
+def _build(config):
+    from flax import nnx
+
+    from posenc.model import Decoder
+
+    return Decoder(config.model, rngs=nnx.Rngs(0))
+
+
+def _flops_per_token(model, config) -> float:
+    import jax
+    from flax import nnx
+
+    params = nnx.state(model, nnx.Param)
+    n = sum(x.size for x in jax.tree.leaves(params))
+    m = config.model
+    n -= m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    return 6.0 * n + 12.0 * m.num_layers * m.d_model * int(config.task.train_length)
+
+
+def bench_train(config, position: str, peak: float) -> dict:
+    import jax
+    from flax import nnx
+
+    from posenc.training import optim
+    from posenc.training import step as step_lib
+
+    c = _config_for(config, position)
+    model = _build(c)
+    optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+    train_step = step_lib.train_step_fn(RandomTokens(int(c.model.vocab_size)), c)
+    key = jax.random.key(0)
+    t = time.perf_counter()
+    state, metrics = train_step(graphdef, state, key)
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - t
+    times = []
+    for i in range(int(c.bench.warmup) + int(c.bench.steps)):
+        t = time.perf_counter()
+        state, metrics = train_step(graphdef, state, jax.random.fold_in(key, i))
+        jax.block_until_ready(metrics)
+        if i >= int(c.bench.warmup):
+            times.append(time.perf_counter() - t)
+    tokens = int(c.train.batch_size) * int(c.task.train_length)
+    tok_s = tokens / statistics.median(times)
+    return dict(case=c.bench.case, position=position, train_tokens_per_s=round(tok_s, 1),
+                step_s=round(statistics.median(times), 5),
+                model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
+                matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
+                peak_rss_mb=round(peak_rss_mb(), 1), loss=round(float(metrics["loss"]), 4))
+
+
+def bench_eval(config, position: str, length: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    c = _config_for(config, position)
+    model = _build(c)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, tokens):
+        return nnx.merge(graphdef, state)(tokens, deterministic=True)[:, -1]
+
+    tokens = jax.random.randint(jax.random.key(1), (1, length), 0, int(c.model.vocab_size), jnp.int32)
+    t = time.perf_counter()
+    forward(state, tokens).block_until_ready()
+    compile_s = time.perf_counter() - t
+    times = []
+    for _ in range(int(c.bench.eval_repeats)):
+        t = time.perf_counter()
+        forward(state, tokens).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return dict(case=c.bench.case, position=position, eval_length=length,
+                eval_tokens_per_s=round(length / statistics.median(times), 1),
+                eval_s=round(statistics.median(times), 3), compile_s=round(compile_s, 2),
+                peak_rss_mb=round(peak_rss_mb(), 1))
+
+
+def _peer(config, position: str, eval_length: int = 0) -> dict | None:
+    if not _PEER_PYTHON.value or position not in PEER_PE:
+        return None
+    m = config.model
+    cmd = [_PEER_PYTHON.value, _PEER_SCRIPT.value, "--pe", PEER_PE[position], "--dim", str(m.d_model),
+           "--depth", str(m.num_layers), "--heads", str(m.num_heads), "--batch", str(config.train.batch_size),
+           "--seq", str(config.task.train_length), "--vocab", str(m.vocab_size),
+           "--steps", str(config.bench.steps), "--warmup", str(config.bench.warmup)]
+    if eval_length:
+        cmd += ["--eval-seq", str(eval_length), "--steps", "1", "--warmup", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"case": config.bench.case, "position": position, "peer": "x-transformers",
+                "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"case": config.bench.case, "position": position, "peer": "x-transformers", **row}
+
+
+def _eval_in_child(position: str, length: int) -> dict:
+    argv = [sys.executable, "-m", "experiments.benchmark", f"--config={_config_arg()}",
+            f"--eval_child={position}:{length}"]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        return {"position": position, "eval_length": length, "error": tail}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _config_arg() -> str:
+    for a in sys.argv[1:]:
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+    i = sys.argv.index("--config") if "--config" in sys.argv else -1
+    return sys.argv[i + 1] if i >= 0 else "configs/benchmark.py:R"
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    if _EVAL_CHILD.value:
+        position, length = _EVAL_CHILD.value.split(":")
+        _emit(bench_eval(config, position, int(length)))
+        return
+    positions = list(_ONLY.value) or list(config.bench.positions)
+    if config.bench.train:
+        peak = matmul_peak_flops_per_s()
+        for position in positions:
+            row = bench_train(config, position, peak)
+            _emit(row)
+            peer = _peer(config, position)
+            if peer is not None:
+                _emit(peer)
+                if "train_tok_s" in peer:
+                    _emit({"case": row["case"], "position": position, "ratio": "train_tokens_per_s posenc/x-transformers",
+                           "value": round(row["train_tokens_per_s"] / peer["train_tok_s"], 3)})
+    for length in config.bench.eval_lengths:
+        for position in positions:
+            row = _eval_in_child(position, int(length))
+            _emit({"case": config.bench.case, **row})
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    app.run(main)
