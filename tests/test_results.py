@@ -90,6 +90,8 @@ def test_table_mean_and_std_over_seeds():
     assert "| encoding | 16* | 32 |" in md
     assert "| rope | 0.900 ± 0.100 (EM 0.50) | 0.300 ± 0.100 (EM 0.50) |" in md
     assert "| learned |  | n/a |" in md
+    label = report.table_markdown([row(randomized=True, eval_position_overrides="scaling=linear")])
+    assert "| rope+randomized@scaling=linear |" in label
 
 
 def test_text_table_uses_loss_and_plots_are_written(tmp_path):

@@ -1,7 +1,7 @@
 """Comparison report: ``table.md`` and PNG plots of metric vs eval length.
 
 Rows are grouped per task by label (the run's ``variant`` if it has one,
-else the position kind; plus the norm placement / kind when they vary in the
+else the position kind, marked ``+randomized`` / ``@<eval overrides>``; plus the norm placement / kind when they vary in the
 task), and per eval length aggregated over seeds as mean ± std (population
 std, 0 for one seed). Cells that are not applicable (e.g. a learned table
 past its rows) print ``n/a`` and are left out of the plots.
@@ -23,7 +23,11 @@ def main_metric(task: str) -> str:
 
 
 def _label(row: dict, vary: set[str]) -> str:
-    parts = [row.get("variant") or row["position"]]
+    if row.get("variant"):
+        parts = [row["variant"]]
+    else:
+        parts = [row["position"] + ("+randomized" if row.get("randomized") else "")
+                 + (f"@{row['eval_position_overrides']}" if row.get("eval_position_overrides") else "")]
     if "placement" in vary:
         parts.append(row["placement"])
     if "norm" in vary:
