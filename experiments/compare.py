@@ -6,7 +6,9 @@ Each grid point is ``config.base`` with overrides, trained and evaluated in
 WORKDIR/runs/<name>/ (resumable; complete runs are skipped). Then
 WORKDIR/results.jsonl holds every row (with ``variant`` and ``run``),
 WORKDIR/table.md the mean ± std over seeds per eval length, and
-WORKDIR/plots/<task>_<metric>.png the metric vs eval length.
+WORKDIR/plots/<task>_<metric>.png the metric vs eval length. A run whose
+loss becomes NaN / Inf is recorded as diverged (metrics null,
+``diverged_at_step``) and the grid goes on.
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ def run_grid(config, workdir: str) -> list[dict]:
         else:
             ran += 1
             logging.info("[%d/%d] %s: training", i + 1, len(points), name)
-        rows = loop.run(run_config, run_dir, name=name)
+        try:
+            rows = loop.run(run_config, run_dir, name=name)
+        except loop.NonFiniteError as e:  # divergence is a result of the grid, not a crash
+            logging.warning("%s diverged: %s", name, e)
+            rows = loop.record_divergence(run_config, run_dir, e, name=name)
         all_rows += [dict(r, variant=variant, run=name) for r in rows]
     results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)
     report.write_table(all_rows, os.path.join(workdir, "table.md"))

@@ -34,7 +34,11 @@ def main(argv):
     from posenc.training.report import table_markdown
 
     loop.quiet_libraries()
-    rows = loop.run(_CONFIG.value, _WORKDIR.value, max_steps_this_run=_MAX_STEPS.value)
+    try:
+        rows = loop.run(_CONFIG.value, _WORKDIR.value, max_steps_this_run=_MAX_STEPS.value)
+    except loop.NonFiniteError as e:
+        logging.error("%s", e)
+        raise SystemExit(1) from None
     if rows is None:
         return
     print(table_markdown(rows))

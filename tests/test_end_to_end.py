@@ -103,13 +103,18 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
         return step
 
     monkeypatch.setattr(step_lib, "train_step_fn", poisoned)
-    with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10"):
+    with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10") as e:
         loop.run(tiny(), str(tmp_path))
+    assert e.value.step == 13
     ckpt = Checkpointer(os.path.join(tmp_path, "checkpoints"))
     assert ckpt.all_steps() == [10]
     leaves, record = restored_params(tiny(), str(tmp_path))
     assert all(np.isfinite(x).all() for x in leaves if x.dtype == np.float32)
     assert np.isfinite(record["metrics"]["loss"])
+    # grids record divergence as a result: the run then counts as complete
+    rows = loop.record_divergence(tiny(), str(tmp_path), e.value)
+    assert [(r["eval_length"], r["loss"], r["diverged_at_step"]) for r in rows] == [(16, None, 13), (32, None, 13)]
+    assert loop.completed_rows(tiny(), str(tmp_path)) == rows
 
 
 def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):

@@ -49,7 +49,11 @@ CHECKED = ("loss", "total_loss", "grad_norm")
 
 
 class NonFiniteError(FloatingPointError):
-    """Training produced a NaN / Inf loss or gradient norm."""
+    """Training produced a NaN / Inf loss or gradient norm at ``step``."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 def validate_config(config) -> None:
@@ -159,7 +163,8 @@ def _check_finite(window, checkpoint_dir, last_good):
                 raise NonFiniteError(
                     f"non-finite {name} ({value}) at step {step}; training stopped. {kept} (no "
                     "checkpoint is written after a non-finite step). Try a lower "
-                    "train.learning_rate, train.clip_norm, train.z_loss or another model.norm.placement."
+                    "train.learning_rate, train.clip_norm, train.z_loss or another model.norm.placement.",
+                    step,
                 )
 
 
@@ -298,6 +303,27 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     for r in rows:
         logging.info("eval length %d: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
                      _fmt(r["loss"]), _fmt(r["accuracy"]), _fmt(r["exact_match"]))
+    return rows
+
+
+def record_divergence(config, workdir: str, error: NonFiniteError, *, name: str | None = None) -> list[dict]:
+    """Write (and return) rows marking ``config`` as diverged: metrics null, ``diverged_at_step``.
+
+    For grids where divergence is a result (e.g. norm placements at high
+    learning rates): the run then counts as complete and is not retrained.
+    """
+    config, task = prepare_config(config)
+    pos, norm = config.model.position, config.model.norm
+    rows = [results.make_row(
+        name=name or os.path.basename(os.path.abspath(workdir)), task=config.task.name,
+        position=pos.kind, norm=norm.kind, placement=norm.placement, seed=int(config.train.seed),
+        train_length=int(config.task.train_length), eval_length=int(n), steps=int(config.train.steps),
+        config_hash=results.config_hash(config), loss=None, accuracy=None, exact_match=None,
+        diverged_at_step=int(error.step), not_applicable=f"training diverged: {error}",
+        jax_version=jax.__version__, posenc_version=posenc.__version__, task_metadata=task.metadata(),
+    ) for n in config.eval.lengths]
+    path = os.path.join(workdir, "results.jsonl")
+    results.write_jsonl(path, results.merge_rows(results.read_jsonl(path), rows))
     return rows
 
 
