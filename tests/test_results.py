@@ -92,6 +92,9 @@ def test_table_mean_and_std_over_seeds():
     assert "| learned |  | n/a |" in md
     label = report.table_markdown([row(randomized=True, eval_position_overrides="scaling=linear")])
     assert "| rope+randomized@scaling=linear |" in label
+    bad = dict(row(seed=1, loss=None, accuracy=None, exact_match=None), diverged_at_step=3)
+    assert "| rope | 0.900 ± 0.000 (EM 0.50) [1 diverged] |" in report.table_markdown([row(), bad])
+    assert "| rope | diverged |" in report.table_markdown([bad])
 
 
 def test_text_table_uses_loss_and_plots_are_written(tmp_path):

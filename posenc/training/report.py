@@ -4,7 +4,9 @@ Rows are grouped per task by label (the run's ``variant`` if it has one,
 else the position kind, marked ``+randomized`` / ``@<eval overrides>``; plus the norm placement / kind when they vary in the
 task), and per eval length aggregated over seeds as mean ± std (population
 std, 0 for one seed). Cells that are not applicable (e.g. a learned table
-past its rows) print ``n/a`` and are left out of the plots.
+past its rows) print ``n/a``, runs that diverged ``diverged`` (or ``[k
+diverged]`` after the mean of the other seeds); both are left out of the
+plots.
 Main metric: accuracy (exact match alongside), and loss for ``text``.
 """
 
@@ -54,19 +56,22 @@ def summarize(rows: list[dict]) -> dict:
                 for m in ("loss", "accuracy", "exact_match"):
                     vals = [g[m] for g in group if g[m] is not None]
                     stats[m] = (float(np.mean(vals)), float(np.std(vals)), len(vals)) if vals else None
+                stats["diverged"] = sum(g.get("diverged_at_step") is not None for g in group)
                 table[label][length] = stats
         out[task] = table
     return out
 
 
 def _cell(stats: dict, task: str) -> str:
-    main = stats[main_metric(task)]
+    main, diverged = stats[main_metric(task)], stats.get("diverged", 0)
     if main is None:
-        return "n/a"
+        return "diverged" if diverged else "n/a"
     text = f"{main[0]:.3f} ± {main[1]:.3f}"
     em = stats["exact_match"]
     if task != "text" and em is not None:
         text += f" (EM {em[0]:.2f})"
+    if diverged:
+        text += f" [{diverged} diverged]"
     return text
 
 
