@@ -19,7 +19,10 @@ Fields: `task.*` (name, train_length, min_size (0 = 1), seed, options passed
 to `posenc.tasks.make`), `model.*` (all of `posenc/model/config.py`;
 `vocab_size` and `position.original_length` (if 0) come from the task, and
 `position.max_length` 0 means the training length, so a learned table has
-no untrained rows), `train.*`, `eval.*`. With `lock_config=True` a typo in
+no untrained rows), `train.*`, `eval.*`, `mesh.*` (devices: `data` = number
+of data-parallel devices, -1 = all of them; `fsdp` = shard parameters and
+optimizer moments over them; see docs/multidevice.md; not part of the
+config hash). With `lock_config=True` a typo in
 `--config.x=y` is an error.
 """
 
@@ -72,6 +75,10 @@ def _base() -> ml_collections.ConfigDict:
         # zero-shot context extension, e.g. "scaling=yarn,scaling_factor=4.0": evaluate the
         # trained parameters with these model.position fields changed ("" = as trained)
         position_overrides="",
+    ))
+    c.mesh = ml_collections.ConfigDict(dict(
+        data=-1,  # data-parallel devices; -1: all (every process's); batch sizes must divide by it
+        fsdp=False,  # True: shard each parameter and its Adam moments over the devices (FSDP)
     ))
     return c
 

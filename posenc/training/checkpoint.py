@@ -6,6 +6,12 @@ nnx state: parameters, optimizer moments and step count) and ``record``
 temporary directory and renames it when complete, so a killed save never
 leaves a half checkpoint behind; the newest ``max_to_keep`` are kept.
 Saving is synchronous so a checkpoint exists on disk when ``save`` returns.
+
+Sharded states (several devices, :mod:`posenc.training.sharding`) are saved
+collectively: with several processes every process calls ``save`` and
+Orbax writes each array's shards once. ``restore`` places every array with
+the sharding of the template ``state``, so a checkpoint written on N devices
+(replicated or FSDP-sharded) restores on M devices, e.g. 4 -> 1 and 1 -> 4.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ def _from_savable(tree, template):
     )
 
 
+def _abstract(x):
+    # The restore target of one leaf: its shape, dtype and (for jax arrays) the sharding
+    # it should land in, whatever the sharding it was saved with.
+    raw = jax.random.key_data(x) if _is_key(x) else x
+    if isinstance(raw, jax.Array):
+        return jax.ShapeDtypeStruct(raw.shape, raw.dtype, sharding=raw.sharding)
+    return np.zeros(np.shape(raw), np.asarray(raw).dtype)
+
+
 class Checkpointer:
     """Save / restore nnx state by step under ``directory`` (keeps the last ``max_to_keep``)."""
 
@@ -86,10 +101,7 @@ class Checkpointer:
         if step is None:
             raise ValueError(f"no checkpoint in {self.directory}")
         template = nnx.to_pure_dict(state)
-        abstract = jax.tree.map(
-            lambda x: np.zeros(x.shape, x.dtype) if not _is_key(x) else np.asarray(jax.random.key_data(x)),
-            template,
-        )
+        abstract = jax.tree.map(_abstract, template)
         with _quiet():
             restored = self._manager.restore(
                 int(step),

@@ -17,6 +17,10 @@ Zero-shot context extension: ``eval.position_overrides`` (e.g.
 a model whose ``model.position`` fields are overridden (RoPE frequency
 scaling: PI, NTK, YaRN, Llama 3, ...); the position kind cannot change.
 
+With a ``mesh`` (several devices) each eval batch is split over its
+devices (``eval.batch_size`` must divide by their number); the sums are
+the same as on one device up to float32 rounding.
+
 For the ``text`` task a row also carries ``position_loss``: mean loss over
 ``eval.position_buckets`` equal position ranges ``[b L / n, (b + 1) L / n)``
 (the loss-vs-position curve of Press et al. 2022).
@@ -30,6 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
 
 
@@ -93,7 +98,7 @@ def _buckets(position_loss, position_mask, num_buckets: int) -> list[dict]:
     return out
 
 
-def evaluate_length(model, task, config, length: int) -> dict:
+def evaluate_length(model, task, config, length: int, *, mesh=None) -> dict:
     """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ position_loss)."""
     reason = not_applicable(config, length)
     if reason is not None:
@@ -101,12 +106,16 @@ def evaluate_length(model, task, config, length: int) -> dict:
                 "not_applicable": reason}
     per_position = config.task.name == "text"
     batch_size = int(config.eval.batch_size)
-    fn = step_lib.eval_step_fn(task, config, int(length), batch_size, per_position=per_position)
+    fn = step_lib.eval_step_fn(task, config, int(length), batch_size, per_position=per_position,
+                               mesh=mesh)
     graphdef, state = nnx.split(model)
+    if mesh is not None:  # a no-op for arrays already placed; places fresh ones (overridden models)
+        state = sharding_lib.shard_state(state, mesh, fsdp=sharding_lib.fsdp_enabled(config))
     root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
     totals = None
     for i in range(int(config.eval.num_batches)):
-        out = fn(graphdef, state, jax.random.fold_in(root, i))
+        key = jax.random.fold_in(root, i)
+        out = fn(graphdef, state, key if mesh is None else sharding_lib.replicate(key, mesh))
         totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
     totals = jax.device_get(totals)
     denom = max(float(totals["mask_sum"]), 1.0)
@@ -125,8 +134,8 @@ def evaluate_length(model, task, config, length: int) -> dict:
     return row
 
 
-def evaluate(model, task, config, lengths=None) -> list[dict]:
-    """:func:`evaluate_length` at each of ``lengths`` (default ``config.eval.lengths``)."""
+def evaluate(model, task, config, lengths=None, *, mesh=None) -> list[dict]:
+    """:func:`evaluate_length` at each of ``lengths`` (default ``config.eval.lengths``), on ``mesh`` if given."""
     lengths = tuple(config.eval.lengths) if lengths is None else tuple(lengths)
     model, config = eval_model(model, config)
-    return [evaluate_length(model, task, config, int(n)) for n in lengths]
+    return [evaluate_length(model, task, config, int(n), mesh=mesh) for n in lengths]

@@ -14,6 +14,16 @@
   4. evaluate at ``eval.lengths`` and atomically merge one row per length
      into ``workdir/results.jsonl``.
 
+Devices (:mod:`~posenc.training.sharding`): on one device the loop is the
+plain single-device loop. On several (``config.mesh``: ``data`` devices,
+``fsdp``) the state is replicated or FSDP-sharded over a ``("data",)`` mesh
+and every batch is split over it; losses equal the single-device ones to
+float32 rounding, and checkpoints restore on any device count. With several
+processes (``jax.distributed``) every process runs this same function; only
+process 0 writes config.json, train_log.jsonl, results.jsonl and event
+files, and Orbax writes checkpoints collectively. ``config.mesh`` is not
+part of the config hash: it changes where a run computes, not what.
+
 Metrics are checked for NaN / Inf at every log and checkpoint step (one
 host sync per check, not per step): a non-finite loss or gradient norm
 stops training with :class:`NonFiniteError` naming the step and metric, and
@@ -41,6 +51,7 @@ from posenc import tasks as tasks_lib
 from posenc.model import Decoder, validate_config as validate_model_config
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import optim, results
+from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -86,6 +97,13 @@ def validate_config(config) -> None:
     if pos.randomized and pos.randomized_max_position < config.task.train_length:
         raise ValueError(f"model.position.randomized_max_position={pos.randomized_max_position} must be >= "
                          f"task.train_length={config.task.train_length}")
+    mesh = config.get("mesh")
+    if mesh is not None:
+        data = mesh.get("data", -1)
+        if isinstance(data, bool) or not isinstance(data, int) or not (data == -1 or data >= 1):
+            raise ValueError(f"mesh.data must be -1 (all devices) or a positive integer, got {data!r}")
+        if not isinstance(mesh.get("fsdp", False), bool):
+            raise ValueError(f"mesh.fsdp must be True or False, got {mesh.get('fsdp')!r}")
 
 
 def make_task(config):
@@ -168,6 +186,18 @@ def _check_finite(window, checkpoint_dir, last_good):
                 )
 
 
+def run_hash(config) -> str:
+    """:func:`results.config_hash` of ``config`` without ``mesh`` (device layout is not the experiment)."""
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    d.pop("mesh", None)
+    return results.config_hash(d)
+
+
+def is_main_process() -> bool:
+    """True on the process that writes files (process 0; the only one without jax.distributed)."""
+    return jax.process_index() == 0
+
+
 def _complete_rows(rows, h, lengths):
     mine = [r for r in rows if r.get("config_hash") == h]
     return mine if {r["eval_length"] for r in mine} >= set(lengths) else None
@@ -177,7 +207,7 @@ def completed_rows(config, workdir: str) -> list[dict] | None:
     """The results rows of ``config`` in ``workdir`` if every eval length is there, else None."""
     config, _ = prepare_config(config)
     rows = results.read_jsonl(os.path.join(workdir, "results.jsonl"))
-    return _complete_rows(rows, results.config_hash(config), config.eval.lengths)
+    return _complete_rows(rows, run_hash(config), config.eval.lengths)
 
 
 def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
@@ -188,9 +218,13 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     results rows, or None if stopped before the end.
     """
     config, task = prepare_config(config)
+    mesh, fsdp = sharding_lib.mesh_or_none(config), sharding_lib.fsdp_enabled(config)
+    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
+    sharding_lib.check_batch_size(int(config.eval.batch_size), mesh, name="eval.batch_size")
+    main = is_main_process()
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
-    h = results.config_hash(config)
+    h = run_hash(config)
     config_path = os.path.join(workdir, "config.json")
     if os.path.exists(config_path):
         with open(config_path) as f:
@@ -198,7 +232,8 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
         if old != h:
             raise ValueError(f"{workdir} holds a run with a different config (hash {old[:12]}..., this "
                              f"config {h[:12]}...); use a new --workdir or remove the old one")
-    results.write_json(config_path, {"config": config.to_dict(), "config_hash": h})
+    if main:
+        results.write_json(config_path, {"config": config.to_dict(), "config_hash": h})
     results_path = os.path.join(workdir, "results.jsonl")
     done = _complete_rows(results.read_jsonl(results_path), h, config.eval.lengths)
     if done is not None:
@@ -209,6 +244,8 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     model = Decoder(config.model, rngs=nnx.Rngs(int(config.train.seed)))
     optimizer = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
+    if mesh is not None:  # restore (below) lands in these shardings too
+        state = sharding_lib.shard_state(state, mesh, fsdp=fsdp)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=int(config.train.keep_checkpoints))
     start, record = 0, {"train_seconds": 0.0, "metrics": {}}
     if ckpt.latest_step() is not None:
@@ -218,11 +255,13 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
 
     steps = int(config.train.steps)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
-    train_step = step_lib.train_step_fn(task, config)
+    # one device: the call (and the step) of a single-device run, untouched
+    train_step = (step_lib.train_step_fn(task, config) if mesh is None
+                  else step_lib.train_step_fn(task, config, mesh=mesh))
     data_root = jax.random.fold_in(jax.random.key(int(config.train.seed)), DATA_STREAM)
     log_every, ckpt_every = int(config.train.log_every), int(config.train.checkpoint_every)
-    writer = _tensorboard(config, workdir)
-    bar = _progress(steps, start, bool(config.train.progress) and end > start)
+    writer = _tensorboard(config, workdir) if main else None
+    bar = _progress(steps, start, main and bool(config.train.progress) and end > start)
     log_path = os.path.join(workdir, "train_log.jsonl")
     log_rows = [r for r in results.read_jsonl(log_path) if r["step"] <= start]
     # `window`: host metrics since the last log boundary (stored in checkpoints, so a
@@ -233,7 +272,10 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     t0, seconds = time.time(), float(record.get("train_seconds", 0.0))
     try:
         for t in range(start, end):
-            state, metrics = train_step(graphdef, state, jax.random.fold_in(data_root, t))
+            key = jax.random.fold_in(data_root, t)
+            if mesh is not None:
+                key = sharding_lib.replicate(key, mesh)
+            state, metrics = train_step(graphdef, state, key)
             s = t + 1
             unchecked.append((s, metrics))
             is_log = s % log_every == 0 or s == steps
@@ -250,8 +292,9 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
                 last_metrics = {k: float(np.mean([m[k] for _, m in window])) for k in window[-1][1]}
                 last_metrics["lr"] = window[-1][1]["lr"]
                 log_rows.append({"step": s, **last_metrics})
-                logging.info("step %d/%d %s", s, steps,
-                             " ".join(f"{k}={v:.4g}" for k, v in sorted(last_metrics.items())))
+                if main:
+                    logging.info("step %d/%d %s", s, steps,
+                                 " ".join(f"{k}={v:.4g}" for k, v in sorted(last_metrics.items())))
                 if writer is not None:
                     for k, v in last_metrics.items():
                         writer.add_scalar(f"train/{k}", v, s)
@@ -261,7 +304,8 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
             if is_ckpt:
                 ckpt.save(s, state, {"step": s, "metrics": last_metrics, "window": window,
                                      "train_seconds": seconds + time.time() - t0})
-                results.write_jsonl(log_path, log_rows)
+                if main:
+                    results.write_jsonl(log_path, log_rows)
                 last_good = s
     finally:
         if bar is not None:
@@ -276,10 +320,11 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
 
     nnx.update((model, optimizer), state)
     t1 = time.time()
-    evals = evaluate_lib.evaluate(model, task, config)
+    evals = (evaluate_lib.evaluate(model, task, config) if mesh is None
+             else evaluate_lib.evaluate(model, task, config, mesh=mesh))
     eval_seconds = time.time() - t1
     pos, norm = config.model.position, config.model.norm
-    rows, writer = [], _tensorboard(config, workdir)
+    rows, writer = [], _tensorboard(config, workdir) if main else None
     for ev in evals:
         rows.append(results.make_row(
             name=name or os.path.basename(workdir), task=config.task.name, position=pos.kind,
@@ -298,8 +343,8 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
                     writer.add_scalar(f"eval/{k}", ev[k], ev["eval_length"])
     if writer is not None:
         writer.close()
-    merged = results.merge_rows(results.read_jsonl(results_path), rows)
-    results.write_jsonl(results_path, merged)
+    if main:
+        results.write_jsonl(results_path, results.merge_rows(results.read_jsonl(results_path), rows))
     for r in rows:
         logging.info("eval length %d: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
                      _fmt(r["loss"]), _fmt(r["accuracy"]), _fmt(r["exact_match"]))
@@ -318,12 +363,13 @@ def record_divergence(config, workdir: str, error: NonFiniteError, *, name: str 
         name=name or os.path.basename(os.path.abspath(workdir)), task=config.task.name,
         position=pos.kind, norm=norm.kind, placement=norm.placement, seed=int(config.train.seed),
         train_length=int(config.task.train_length), eval_length=int(n), steps=int(config.train.steps),
-        config_hash=results.config_hash(config), loss=None, accuracy=None, exact_match=None,
+        config_hash=run_hash(config), loss=None, accuracy=None, exact_match=None,
         diverged_at_step=int(error.step), not_applicable=f"training diverged: {error}",
         jax_version=jax.__version__, posenc_version=posenc.__version__, task_metadata=task.metadata(),
     ) for n in config.eval.lengths]
     path = os.path.join(workdir, "results.jsonl")
-    results.write_jsonl(path, results.merge_rows(results.read_jsonl(path), rows))
+    if is_main_process():
+        results.write_jsonl(path, results.merge_rows(results.read_jsonl(path), rows))
     return rows
 
 

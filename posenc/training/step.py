@@ -6,7 +6,12 @@ nnx.split((model, optimizer))``; each step is a ``jax.jit`` function of
 ``key`` (so data needs no host round trip), and returns the new state: no
 Python graph traversal per step. ``graphdef`` has no array leaves, so jit
 treats it as static. Jitted functions are cached per (task, shapes, train
-settings): runs in one process with equal shapes reuse the compiled step.
+settings, mesh): runs in one process with equal shapes reuse the compiled step.
+
+With a ``mesh`` (several devices, :mod:`posenc.training.sharding`) the
+generated batch and positions are constrained to ``P("data")`` and the new
+state to the shardings it came in with; without one the step is exactly
+the single-device step.
 
 Losses (masked to answer tokens, ``m``):
   loss = sum(m * CE(logits, targets)) / sum(m)
@@ -26,6 +31,7 @@ from flax import nnx
 
 from posenc import absolute, stability
 from posenc.training import optim
+from posenc.training import sharding as sharding_lib
 
 _CACHE: dict[tuple, object] = {}
 
@@ -69,18 +75,22 @@ def _min_size(config):
     return int(config.task.min_size) or None
 
 
-def train_step_fn(task, config):
+def train_step_fn(task, config, *, mesh=None):
     """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
 
     ``state`` is the state of ``(model, optimizer)``; metrics (float32
     scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
     lr, and the model's stats (max_attention_logit, attention_entropy,
-    logit_mean, log_z).
+    logit_mean, log_z). With ``mesh``, ``state`` and ``key`` must already
+    be placed on it (``sharding.shard_state``, ``sharding.replicate``);
+    ValueError if ``train.batch_size`` does not divide over its devices.
     """
     train, pos = config.train, config.model.position
+    sharding_lib.check_batch_size(int(train.batch_size), mesh, name="train.batch_size")
+    fsdp = sharding_lib.fsdp_enabled(config)
     cache_key = ("train", _task_key(config), int(train.batch_size), int(config.task.train_length),
            optim.settings_key(train), float(train.z_loss), bool(pos.randomized),
-           int(pos.randomized_max_position))
+           int(pos.randomized_max_position), mesh, fsdp and mesh is not None)
     if cache_key in _CACHE:
         return _CACHE[cache_key]
     batch_size, length = int(train.batch_size), int(config.task.train_length)
@@ -92,6 +102,8 @@ def train_step_fn(task, config):
         data_key, pos_key = jax.random.split(key)
         batch = task.batch(data_key, batch_size, length, min_size=min_size, split="train")
         positions = positions_for(config, pos_key, batch_size, length)
+        if mesh is not None:
+            batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
         mgraph, params, rest = nnx.split(model, nnx.Param, ...)
 
         def loss_fn(params):
@@ -109,23 +121,30 @@ def train_step_fn(task, config):
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(optimizer.step[...])
         optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), metrics
+        new_state = nnx.state((model, optimizer))
+        if mesh is not None:
+            new_state = sharding_lib.constrain_state(new_state, mesh, fsdp=fsdp)
+        return new_state, metrics
 
     fn = jax.jit(step, donate_argnums=(1,))
     _CACHE[cache_key] = fn
     return fn
 
 
-def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bool = False):
+def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bool = False,
+                 mesh=None):
     """``step(graphdef, state, key) -> sums`` for the model's ``(graphdef, state)``.
 
     Returns summed statistics (so batches add up exactly): loss_sum,
     correct_sum, mask_sum, exact_sum, examples; with ``per_position`` also
     ``position_loss`` [L] and ``position_mask`` [L] (sums over the batch).
+    With ``mesh`` the batch is sharded over its devices (ValueError if
+    ``batch_size`` does not divide over them).
     """
     pos = config.model.position
+    sharding_lib.check_batch_size(int(batch_size), mesh, name="eval.batch_size")
     cache_key = ("eval", _task_key(config), int(length), int(batch_size), bool(per_position),
-           bool(pos.randomized), int(pos.randomized_max_position))
+           bool(pos.randomized), int(pos.randomized_max_position), mesh)
     if cache_key in _CACHE:
         return _CACHE[cache_key]
 
@@ -134,6 +153,8 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bo
         data_key, pos_key = jax.random.split(key)
         batch = task.batch(data_key, batch_size, length, split="eval")
         positions = positions_for(config, pos_key, batch_size, length)
+        if mesh is not None:
+            batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
         logits = model(batch["inputs"], positions, deterministic=True).astype(jnp.float32)
         targets, mask = batch["targets"], batch["mask"].astype(jnp.float32)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
