@@ -64,8 +64,6 @@ def _check_rotary_dim(kind: str, rotary_dim) -> int:
 
 def _seq_len_value(kind: str, seq_len):
     """Return a Python int, or the jax array itself (traced or not)."""
-    if seq_len is None:
-        raise ValueError(f"kind {kind!r} needs seq_len (the current sequence length); got None")
     if isinstance(seq_len, jax.Array):
         if seq_len.ndim != 0 or not jnp.issubdtype(seq_len.dtype, jnp.integer):
             raise ValueError(
@@ -232,7 +230,8 @@ def frequencies(
     dynamic_yarn, longrope only; other kinds have factor 1 and reject it).
     Other keywords a kind does not use are ignored.
 
-    `seq_len` may be a Python int or an integer jax scalar (e.g. traced under
+    `seq_len` (dynamic, dynamic_yarn, longrope) defaults to `original_length`,
+    as in HF. It may be a Python int or an integer jax scalar (e.g. traced under
     `jit` in a decoder). With a jax scalar, inv_freq is computed from it in
     float32 and, for "dynamic_yarn" without an explicit attention_factor,
     the attention factor is returned as a float32 jnp scalar; otherwise it
@@ -267,7 +266,10 @@ def frequencies(
         if original_length == int(original_length):
             original_length = int(original_length)
     if kind in _NEEDS_SEQ_LEN:
-        seq_len = _seq_len_value(kind, seq_len)
+        # No seq_len (e.g. at initialisation): the original length, as in HF,
+        # i.e. default frequencies (dynamic), factor 1 (dynamic_yarn) and the
+        # short factors (longrope).
+        seq_len = original_length if seq_len is None else _seq_len_value(kind, seq_len)
 
     inv_freq, attention_factor = _compute(
         kind, d, base, factor, original_length, seq_len, beta_fast, beta_slow, mscale,

@@ -350,9 +350,17 @@ def test_missing_original_length(kind):
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "dynamic_yarn", "longrope"])
-def test_missing_seq_len(kind):
-    raises(f"kind {kind!r} needs seq_len", kind, 8, original_length=16,
-           short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+def test_missing_seq_len_means_the_original_length(kind):
+    # As in HF: no seq_len (initialisation) behaves like seq_len = original_length.
+    kw = dict(original_length=16, short_factor=[1.0, 2.0, 3.0, 4.0], long_factor=[5.0, 6.0, 7.0, 8.0])
+    if kind == "dynamic":
+        kw["factor"] = 4.0
+    missing = rope.frequencies(kind, 8, **kw)
+    at_original = rope.frequencies(kind, 8, seq_len=16, **kw)
+    longer = rope.frequencies(kind, 8, seq_len=64, **kw)
+    np.testing.assert_array_equal(np.asarray(missing[0]), np.asarray(at_original[0]))
+    assert float(missing[1]) == float(at_original[1])
+    assert not np.allclose(np.asarray(missing[0]), np.asarray(longer[0]))
 
 
 @pytest.mark.parametrize("seq_len", [0, 3.5, -1])
