@@ -8,6 +8,7 @@ logits by 1/sqrt(d); in T5 only the first layer owns the table.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -40,6 +41,44 @@ def _check_buckets(bidirectional: bool, num_buckets, max_distance) -> tuple[int,
     return nb, exact
 
 
+def _log_bucket(rp, nb: int, exact: int, max_distance: int):
+    """Float32 log-bucket offset of integer distances ``rp >= exact`` (NumPy).
+
+    The canonical order of operations: ``floor(log(f32(rp) / exact) /
+    f32(ln(max_distance / exact)) * (nb - exact))``; NumPy's float32 log
+    agrees with PyTorch's on every tested configuration.
+    """
+    rp = np.asarray(rp, np.float32)
+    value = np.log(rp / np.float32(exact)) / np.float32(math.log(max_distance / exact)) * np.float32(nb - exact)
+    return np.floor(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _thresholds(nb: int, exact: int, max_distance: int) -> np.ndarray:
+    """Smallest distance that reaches each log bucket ``exact + 1 .. nb - 1``.
+
+    The float32 expression is a nondecreasing step function of the integer
+    distance, so the bucket of ``rp`` is ``exact + #(thresholds <= rp)``.
+    Finding the steps once on the host (bisection with the canonical float32
+    arithmetic) makes the result bit-identical to the reference
+    implementations at every boundary, where XLA's float32 log can differ
+    from theirs by an ulp and flip a bucket.
+    """
+    out = []
+    for k in range(1, nb - exact):
+        lo, hi = exact, max(2 * max_distance, exact + 1)
+        while _log_bucket(hi, nb, exact, max_distance) < k:
+            hi *= 2
+        while lo < hi:  # smallest rp in [lo, hi] with offset >= k
+            mid = (lo + hi) // 2
+            if _log_bucket(mid, nb, exact, max_distance) >= k:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(lo)
+    return np.asarray(out, np.int32)
+
+
 def relative_position_bucket(
     relative_position, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
 ) -> jax.Array:
@@ -53,8 +92,10 @@ def relative_position_bucket(
         large = exact + floor(ln(rp / exact) / ln(max_distance / exact) * (nb - exact))
         bucket += rp if rp < exact else min(large, nb - 1)
 
-    ``large`` is evaluated at max(rp, 1) so ln(0) never appears (its value
-    is unused there). Float32 math, as in the reference implementations.
+    ``large`` is the float32 value of the canonical implementations
+    (mesh-tensorflow, HF ``T5Attention``), bit for bit: the distances where
+    it steps up are found once on the host and looked up here, so no log is
+    evaluated on the device and ln(0) never appears.
 
     Shapes: int [...] -> int32 [...].
     """
@@ -69,15 +110,8 @@ def relative_position_bucket(
     else:
         bucket = jnp.zeros_like(rp)
         rp = jnp.maximum(-rp, 0)
-    safe = jnp.maximum(rp, 1).astype(jnp.float32)
-    scaled = (
-        jnp.log(safe / np.float32(exact))
-        / np.float32(math.log(max_distance / exact))
-        * np.float32(nb - exact)
-    )
-    # Clamp in float before the int cast so huge distances cannot overflow int32.
-    large = exact + jnp.minimum(scaled, np.float32(nb)).astype(jnp.int32)
-    large = jnp.minimum(large, nb - 1)
+    thresholds = jnp.asarray(_thresholds(nb, exact, int(max_distance)))
+    large = exact + jnp.searchsorted(thresholds, rp, side="right").astype(jnp.int32)
     return bucket + jnp.where(rp < exact, rp, large)
 
 

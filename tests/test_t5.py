@@ -68,16 +68,21 @@ def test_matches_reference_for_other_hyper_parameters(num_buckets, max_distance,
         jnp.asarray(rp), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
     )
     want = reference_bucket(rp, bidirectional, num_buckets, max_distance)
-    # Float32 log may differ by one ulp between XLA and NumPy; allow an off-by-one
-    # only where the exact (float64) value sits on an integer boundary.
-    nb = num_buckets // 2 if bidirectional else num_buckets
-    r = np.maximum(np.abs(rp), 1).astype(np.float64)
-    x = np.log(r / exact) / math.log(max_distance / exact) * (nb - exact)
-    on_boundary = np.abs(x - np.round(x)) < 1e-4
-    mismatch = np.asarray(got) != want
-    assert not (mismatch & ~on_boundary).any(), (rp[mismatch], np.asarray(got)[mismatch], want[mismatch])
-    assert (np.abs(np.asarray(got) - want) <= 1).all()
+    np.testing.assert_array_equal(np.asarray(got), want)
     assert (np.asarray(got) >= 0).all() and (np.asarray(got) < num_buckets).all()
+
+
+# Configurations where a float32 log on the device (XLA) and the canonical
+# float32 log (PyTorch, NumPy) put a boundary distance in different buckets.
+@pytest.mark.parametrize("num_buckets, max_distance, bidirectional, rp", [
+    (4, 200, False, -20), (6, 100, True, 10), (8, 200, True, -20), (20, 1000, False, -100),
+    (64, 50, False, -40), (128, 50, True, 40), (128, 100, False, -80),
+])
+def test_boundary_distances_match_the_canonical_float32_arithmetic(num_buckets, max_distance, bidirectional, rp):
+    rps = np.arange(rp - 3, rp + 4)
+    got = t5.relative_position_bucket(jnp.asarray(rps), bidirectional=bidirectional,
+                                      num_buckets=num_buckets, max_distance=max_distance)
+    np.testing.assert_array_equal(np.asarray(got), reference_bucket(rps, bidirectional, num_buckets, max_distance))
 
 
 def test_zero_distance_no_nan_or_garbage():
