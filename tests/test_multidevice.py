@@ -1,0 +1,293 @@
+"""Many-device training on fake CPU devices: data parallel and FSDP match one device; checkpoints move between device counts.
+
+JAX fixes the device count when it starts, and the rest of the suite runs on
+one device, so the work happens in two subprocesses of this file
+(``python tests/test_multidevice.py WORKER DIR``): ``four`` with
+``JAX_NUM_CPU_DEVICES=4``, then ``one`` with a single device. They share one
+tiny config, so each compiles its train step once (the loop reuses the
+cached step of the parity run).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARITY_STEPS = 3
+
+
+def S(*axes):
+    """The string of ``PartitionSpec(*axes)`` (workers report shardings as text)."""
+    from jax.sharding import PartitionSpec
+
+    return str(PartitionSpec(*axes))
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _config(fsdp=False):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("tiny")
+    c.train.update(steps=6, warmup_steps=2, log_every=3, checkpoint_every=3, learning_rate=3e-3)
+    c.eval.update(lengths=(16,), num_batches=1)
+    c.mesh.fsdp = fsdp
+    return c
+
+
+def _leaves(state) -> dict:
+    import jax
+
+    out = {}
+    for path, x in jax.tree.leaves_with_path(state):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        out[jax.tree_util.keystr(path)] = np.asarray(x)
+    return out
+
+
+def _fresh_state(config):
+    from flax import nnx
+
+    from posenc.model import Decoder
+    from posenc.training import optim
+
+    model = Decoder(config.model, rngs=nnx.Rngs(int(config.train.seed)))
+    opt = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
+    return nnx.split((model, opt))
+
+
+def _train_steps(config, steps):
+    """``steps`` steps of the jitted train step as the loop runs it; (losses, final state, mesh)."""
+    import jax
+
+    from posenc.training import loop, sharding
+    from posenc.training import step as step_lib
+
+    config, task = loop.prepare_config(config)
+    graphdef, state = _fresh_state(config)
+    mesh = sharding.mesh_or_none(config)
+    if mesh is None:
+        fn = step_lib.train_step_fn(task, config)
+    else:
+        state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(config))
+        fn = step_lib.train_step_fn(task, config, mesh=mesh)
+    root = jax.random.fold_in(jax.random.key(int(config.train.seed)), loop.DATA_STREAM)
+    losses = []
+    for t in range(steps):
+        key = jax.random.fold_in(root, t)
+        state, metrics = fn(graphdef, state, key if mesh is None else sharding.replicate(key, mesh))
+        losses.append(float(metrics["loss"]))
+    return losses, state
+
+
+def _restore(config, directory):
+    """The newest checkpoint in ``directory`` restored into this process's (sharded) state."""
+    from posenc.training import loop, sharding
+    from posenc.training.checkpoint import Checkpointer
+
+    config, _ = loop.prepare_config(config)
+    _, state = _fresh_state(config)
+    mesh = sharding.mesh_or_none(config)
+    if mesh is not None:
+        state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(config))
+    ckpt = Checkpointer(directory)
+    state, record = ckpt.restore(state)
+    ckpt.close()
+    return state, record
+
+
+def worker_four(out):
+    import jax
+
+    from posenc.training import loop, sharding
+    from posenc.training.checkpoint import Checkpointer
+
+    assert jax.device_count() == 4, jax.devices()
+    report = {}
+    for name, fsdp in (("dp", False), ("fsdp", True)):
+        losses, state = _train_steps(_config(fsdp), PARITY_STEPS)
+        report[f"{name}_losses"] = losses
+        np.savez(os.path.join(out, f"{name}.npz"), **_leaves(state))
+        report[f"{name}_specs"] = {k: str(getattr(x.sharding, "spec", None))
+                                   for k, x in ((jax.tree_util.keystr(p), x)
+                                                for p, x in jax.tree.leaves_with_path(state))}
+    # (c) a 4-device FSDP run stopped after step 3: its checkpoint is continued on 1 device
+    assert loop.run(_config(True), os.path.join(out, "run4"), max_steps_this_run=3) is None
+    state, record = _restore(_config(True), os.path.join(out, "run4", "checkpoints"))
+    report["ckpt4_step"] = record["step"]
+    np.savez(os.path.join(out, "ckpt4.npz"), **_leaves(state))
+    # 1 -> 4: a state on one device (as a 1-device run saves it) restores FSDP-sharded
+    config, _ = loop.prepare_config(_config(True))
+    _, single = _fresh_state(config)
+    ckpt = Checkpointer(os.path.join(out, "ckpt1"))
+    ckpt.save(0, single, {"step": 0})
+    ckpt.close()
+    restored, _ = _restore(_config(True), os.path.join(out, "ckpt1"))
+    mesh = sharding.make_mesh(config)
+    same = all(np.array_equal(a, b) for a, b in zip(_leaves(single).values(), _leaves(restored).values()))
+    report["one_to_four_equal"] = same
+    report["one_to_four_specs"] = sorted({str(x.sharding.spec) for x in jax.tree.leaves(restored)
+                                          if x.sharding.mesh == mesh})
+    # (d) batch sizes that do not split over 4 devices
+    errors = {}
+    for field in ("train", "eval"):
+        c = _config()
+        c[field].batch_size = 6
+        try:
+            loop.run(c, os.path.join(out, f"bad_{field}"))
+        except ValueError as e:
+            errors[field] = str(e)
+    report["errors"] = errors
+    with open(os.path.join(out, "four.json"), "w") as f:
+        json.dump(report, f)
+
+
+def worker_one(out):
+    import jax
+
+    from posenc.training import loop
+    from posenc.training.checkpoint import Checkpointer
+
+    assert jax.device_count() == 1, jax.devices()
+    report = {}
+    losses, state = _train_steps(_config(), PARITY_STEPS)
+    report["losses"] = losses
+    np.savez(os.path.join(out, "one.npz"), **_leaves(state))
+    state, record = _restore(_config(True), os.path.join(out, "run4", "checkpoints"))
+    report["ckpt_step"] = record["step"]
+    report["ckpt_devices"] = sorted({str(d) for x in jax.tree.leaves(state) for d in x.devices()})
+    np.savez(os.path.join(out, "ckpt1_restored.npz"), **_leaves(state))
+    # continue the 4-device run here, and run the same config uninterrupted on 1 device
+    resumed = loop.run(_config(True), os.path.join(out, "run4"))
+    straight = loop.run(_config(True), os.path.join(out, "run1"))
+    report["resumed_rows"], report["straight_rows"] = resumed, straight
+    for name in ("run4", "run1"):
+        ckpt = Checkpointer(os.path.join(out, name, "checkpoints"))
+        report[f"{name}_steps"] = ckpt.all_steps()
+        ckpt.close()
+        state, _ = _restore(_config(True), os.path.join(out, name, "checkpoints"))
+        np.savez(os.path.join(out, f"{name}_final.npz"), **_leaves(state))
+    with open(os.path.join(out, "one.json"), "w") as f:
+        json.dump(report, f, default=str)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _spawn(worker, out, devices):
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("XLA_FLAGS", None)  # a forced host device count would override JAX_NUM_CPU_DEVICES
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), worker, str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{worker} worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    with open(os.path.join(out, f"{worker}.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multidevice")
+    four = _spawn("four", out, 4)
+    one = _spawn("one", out, 1)
+    return out, four, one
+
+
+def _assert_states_close(a_path, b_path, rtol=1e-5, atol=1e-6):
+    # atol: Adam's second moments are ~1e-8; only the order of the gradient all-reduce differs
+    a, b = np.load(a_path), np.load(b_path)
+    assert sorted(a.files) == sorted(b.files)
+    assert any("embedding" in k for k in a.files)
+    for k in a.files:
+        np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+def test_data_parallel_matches_one_device(runs):
+    out, four, one = runs
+    np.testing.assert_allclose(four["dp_losses"], one["losses"], rtol=1e-5)
+    assert len(set(one["losses"])) == PARITY_STEPS  # the steps really trained
+    _assert_states_close(out / "dp.npz", out / "one.npz")
+    # data parallel: every array replicated
+    assert set(four["dp_specs"].values()) == {S()}
+
+
+def test_fsdp_matches_one_device_and_shards_parameters(runs):
+    out, four, one = runs
+    np.testing.assert_allclose(four["fsdp_losses"], one["losses"], rtol=1e-5)
+    _assert_states_close(out / "fsdp.npz", out / "one.npz")
+    specs = four["fsdp_specs"]
+    w1 = [k for k in specs if "mlp" in k and "w1" in k and "opt_state" not in k]
+    assert w1 and specs[w1[0]] == S(None, "data")  # [32, 128]: the 128 axis
+    mu = [k for k in specs if "mu" in k and "w1" in k]
+    assert mu and specs[mu[0]] == specs[w1[0]]  # Adam moments sharded like their parameter
+    emb = [k for k in specs if k.endswith("['embedding'].value") and "opt_state" not in k]
+    assert emb and specs[emb[0]] != S()
+    step = [k for k in specs if k.endswith("['step'].value")]
+    assert step and specs[step[0]] == S()  # scalars stay replicated
+
+
+def test_checkpoint_from_four_devices_continues_on_one(runs):
+    out, four, one = runs
+    assert four["ckpt4_step"] == one["ckpt_step"] == 3
+    assert one["ckpt_devices"] == ["cpu:0"]
+    a, b = np.load(out / "ckpt4.npz"), np.load(out / "ckpt1_restored.npz")
+    for k in a.files:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)  # restored bit for bit
+    assert one["run4_steps"] == one["run1_steps"] == [3, 6]
+    _assert_states_close(out / "run4_final.npz", out / "run1_final.npz")
+    (resumed,), (straight,) = one["resumed_rows"], one["straight_rows"]
+    assert resumed["config_hash"] == straight["config_hash"]  # mesh fields are not the experiment
+    for k in ("loss", "accuracy", "train_loss"):
+        np.testing.assert_allclose(resumed[k], straight[k], rtol=1e-5, err_msg=k)
+
+
+def test_checkpoint_from_one_device_restores_sharded_on_four(runs):
+    _, four, _ = runs
+    assert four["one_to_four_equal"]
+    assert S("data") in four["one_to_four_specs"]
+    assert S() in four["one_to_four_specs"]
+
+
+def test_batch_size_not_divisible_by_devices_is_an_error(runs):
+    _, four, _ = runs
+    assert "train.batch_size=6 is not divisible by the 4 data-parallel devices" in four["errors"]["train"]
+    assert "eval.batch_size=6 is not divisible by the 4 data-parallel devices" in four["errors"]["eval"]
+
+
+def test_one_device_uses_no_mesh():
+    import importlib
+
+    sharding = importlib.import_module("posenc.training.sharding")
+    c = _config()
+    if sharding.num_devices(c) == 1:
+        assert sharding.mesh_or_none(c) is None
+    c.mesh.data = 99
+    with pytest.raises(ValueError, match=r"mesh.data=99 is not available; choose -1"):
+        sharding.num_devices(c)
+
+
+def test_fsdp_spec_rule():
+    from jax.sharding import PartitionSpec as P
+
+    from posenc.training.sharding import spec_for
+
+    assert spec_for((32, 128), 4, fsdp=True) == P(None, "data")  # largest divisible axis
+    assert spec_for((20, 32), 4, fsdp=True) == P(None, "data")  # 20 divides, 32 is larger
+    assert spec_for((128, 128), 4, fsdp=True) == P("data")  # ties: the first axis
+    assert spec_for((6, 3), 4, fsdp=True) == P()  # nothing divides: replicated
+    assert spec_for((), 4, fsdp=True) == P()
+    assert spec_for((32, 128), 4, fsdp=False) == P()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    {"four": worker_four, "one": worker_one}[sys.argv[1]](sys.argv[2])
