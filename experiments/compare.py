@@ -9,6 +9,13 @@ WORKDIR/table.md the mean ± std over seeds per eval length, and
 WORKDIR/plots/<task>_<metric>.png the metric vs eval length. A run whose
 loss becomes NaN / Inf is recorded as diverged (metrics null,
 ``diverged_at_step``) and the grid goes on.
+
+Several devices are used through ``config.base.mesh`` (docs/multidevice.md);
+several hosts with ``--distributed`` on every host (only process 0 writes
+results, the table and plots):
+
+    python -m experiments.compare --config configs/compare.py:quick --workdir /shared/compare \
+        --distributed --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
 """
 
 from __future__ import annotations
@@ -28,6 +35,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/compa
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
 _CACHE = flags.DEFINE_string("jax_cache_dir", experiments.DEFAULT_CACHE_DIR,
                              "JAX persistent compilation cache directory ('' = off).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Multi-process run: call jax.distributed.initialize() first (docs/multidevice.md).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 (default $JAX_COORDINATOR_ADDRESS or auto-detected).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "Number of processes (default $JAX_NUM_PROCESSES or auto-detected).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "This process's id in [0, num_processes) (default $JAX_PROCESS_ID or auto-detected).")
 
 
 def _parse_value(text: str):
@@ -99,6 +114,8 @@ def run_grid(config, workdir: str) -> list[dict]:
             logging.warning("%s diverged: %s", name, e)
             rows = loop.record_divergence(run_config, run_dir, e, name=name)
         all_rows += [dict(r, variant=variant, run=name) for r in rows]
+    if not loop.is_main_process():  # one writer for the shared workdir
+        return all_rows
     results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)
     report.write_table(all_rows, os.path.join(workdir, "table.md"))
     plots = report.write_plots(all_rows, os.path.join(workdir, "plots"))
@@ -111,11 +128,17 @@ def run_grid(config, workdir: str) -> list[dict]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _DISTRIBUTED.value:  # before any JAX computation
+        from posenc.training import sharding
+
+        sharding.initialize_distributed(coordinator_address=_COORDINATOR.value,
+                                        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
     experiments.enable_compilation_cache(_CACHE.value)
-    from posenc.training import report
+    from posenc.training import loop, report
 
     rows = run_grid(_CONFIG.value, _WORKDIR.value)
-    print(report.table_markdown(rows))
+    if loop.is_main_process():
+        print(report.table_markdown(rows))
 
 
 if __name__ == "__main__":

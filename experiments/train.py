@@ -8,6 +8,12 @@ Writes WORKDIR/config.json, WORKDIR/checkpoints/ (Orbax, last k kept),
 WORKDIR/train_log.jsonl and WORKDIR/results.jsonl (one row per eval length).
 Rerunning with the same WORKDIR resumes from the last checkpoint, or only
 reports if the run is complete.
+
+All local devices are used (``--config.mesh.data``, ``--config.mesh.fsdp``);
+several hosts: the same command on every host with ``--distributed`` (and
+the coordinator flags, unless SLURM / a TPU pod lets JAX detect them), a
+WORKDIR on a shared filesystem; only process 0 writes results and logs.
+See docs/multidevice.md.
 """
 
 from __future__ import annotations
@@ -24,11 +30,24 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps_this_run", None,
                                   "Stop after this many steps (checkpointed); rerun to resume.")
 _CACHE = flags.DEFINE_string("jax_cache_dir", experiments.DEFAULT_CACHE_DIR,
                              "JAX persistent compilation cache directory ('' = off).")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Multi-process run: call jax.distributed.initialize() first (docs/multidevice.md).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 (default $JAX_COORDINATOR_ADDRESS or auto-detected).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "Number of processes (default $JAX_NUM_PROCESSES or auto-detected).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "This process's id in [0, num_processes) (default $JAX_PROCESS_ID or auto-detected).")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _DISTRIBUTED.value:  # before any JAX computation
+        from posenc.training import sharding
+
+        sharding.initialize_distributed(coordinator_address=_COORDINATOR.value,
+                                        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
     experiments.enable_compilation_cache(_CACHE.value)
     from posenc.training import loop
     from posenc.training.report import table_markdown
@@ -39,7 +58,7 @@ def main(argv):
     except loop.NonFiniteError as e:
         logging.error("%s", e)
         raise SystemExit(1) from None
-    if rows is None:
+    if rows is None or not loop.is_main_process():
         return
     print(table_markdown(rows))
     logging.info("results: %s/results.jsonl", _WORKDIR.value)

@@ -345,7 +345,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
         writer.close()
     if main:
         results.write_jsonl(results_path, results.merge_rows(results.read_jsonl(results_path), rows))
-    for r in rows:
+    for r in rows if main else ():
         logging.info("eval length %d: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
                      _fmt(r["loss"]), _fmt(r["accuracy"]), _fmt(r["exact_match"]))
     return rows

@@ -106,9 +106,25 @@ def state_shardings(state, mesh, *, fsdp: bool):
     return jax.tree.map(one, state)
 
 
+def place(x, sharding):
+    """``x`` as an array with ``sharding``, also when it spans other processes' devices.
+
+    ``jax.device_put`` only reaches this process's devices; with several
+    processes every process holds the same host value (same seed, same
+    step), so each builds its own shards from it.
+    """
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    if _is_key(x):
+        data = place(jax.random.key_data(x), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def shard_state(state, mesh, *, fsdp: bool):
     """``state`` placed on ``mesh``: replicated (data parallel) or sharded (FSDP)."""
-    return jax.device_put(state, state_shardings(state, mesh, fsdp=fsdp))
+    return jax.tree.map(place, state, state_shardings(state, mesh, fsdp=fsdp))
 
 
 def constrain_state(state, mesh, *, fsdp: bool):
@@ -124,4 +140,28 @@ def constrain_batch(batch, mesh):
 
 def replicate(x, mesh):
     """``x`` (e.g. a step key) replicated on every device of ``mesh``."""
-    return jax.device_put(x, NamedSharding(mesh, P()))
+    return place(x, NamedSharding(mesh, P()))
+
+
+def initialize_distributed(*, coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """``jax.distributed.initialize`` for a multi-process (multi-host) run; call before any JAX work.
+
+    Unset arguments come from ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
+    and ``JAX_PROCESS_ID``; if still unset, JAX detects them itself (SLURM,
+    Open MPI, Cloud TPU pods). Afterwards ``jax.devices()`` lists every
+    process's devices and :func:`make_mesh` spans all of them.
+    """
+    import os
+
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+        process_id = int(os.environ["JAX_PROCESS_ID"])
+    if num_processes is not None and num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
+        raise ValueError(f"process_id={process_id} is out of range; choose one of 0..{num_processes - 1}")
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id)
