@@ -5,7 +5,8 @@ one device, so the work happens in two subprocesses of this file
 (``python tests/test_multidevice.py WORKER DIR``): ``four`` with
 ``JAX_NUM_CPU_DEVICES=4``, then ``one`` with a single device. They share one
 tiny config, so each compiles its train step once (the loop reuses the
-cached step of the parity run).
+cached step of the parity run). ``POSENC_TEST_MULTIPROCESS=1`` adds a real
+two-process run (``jax.distributed`` over localhost, 2 x 2 CPU devices).
 """
 
 import json
@@ -261,6 +262,37 @@ def test_batch_size_not_divisible_by_devices_is_an_error(runs):
     _, four, _ = runs
     assert "train.batch_size=6 is not divisible by the 4 data-parallel devices" in four["errors"]["train"]
     assert "eval.batch_size=6 is not divisible by the 4 data-parallel devices" in four["errors"]["eval"]
+
+
+@pytest.mark.skipif(os.environ.get("POSENC_TEST_MULTIPROCESS") != "1",
+                    reason="two JAX processes (~30 s on 2 cores); set POSENC_TEST_MULTIPROCESS=1")
+def test_two_processes_match_one_device(runs):
+    """``experiments.train --distributed``: 2 processes x 2 CPU devices, FSDP, equal to 1 device."""
+    import socket
+
+    out, _, one = runs
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    workdir = out / "two_processes"
+    overrides = ["--config.train.steps=6", "--config.train.warmup_steps=2", "--config.train.log_every=3",
+                 "--config.train.checkpoint_every=3", "--config.train.learning_rate=3e-3",
+                 "--config.eval.lengths=(16,)", "--config.eval.num_batches=1", "--config.mesh.fsdp=True"]
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "experiments.train", f"--config={ROOT}/configs/default.py:tiny", *overrides,
+         f"--workdir={workdir}", "--jax_cache_dir=", "--distributed",
+         f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    (row,) = [json.loads(line) for line in open(workdir / "results.jsonl")]
+    (straight,) = one["straight_rows"]
+    assert row["config_hash"] == straight["config_hash"]
+    for k in ("loss", "accuracy", "train_loss"):
+        np.testing.assert_allclose(row[k], straight[k], rtol=1e-5, err_msg=k)
+    assert "| rope |" in logs[0] and "| rope |" not in logs[1]  # only process 0 reports
 
 
 def test_one_device_uses_no_mesh():

@@ -113,8 +113,8 @@ def place(x, sharding):
     processes every process holds the same host value (same seed, same
     step), so each builds its own shards from it.
     """
-    if sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
+    if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)  # local, or already global: a no-op or a reshard
     if _is_key(x):
         data = place(jax.random.key_data(x), sharding)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
