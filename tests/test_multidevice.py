@@ -307,6 +307,16 @@ def test_one_device_uses_no_mesh():
         sharding.num_devices(c)
 
 
+def test_initialize_distributed_checks_process_ids():
+    from posenc.training.sharding import initialize_distributed
+
+    # checked before JAX is contacted, so nothing is initialised here
+    with pytest.raises(ValueError, match=r"process_id=2 is out of range; choose one of 0..1"):
+        initialize_distributed(coordinator_address="localhost:1", num_processes=2, process_id=2)
+    with pytest.raises(ValueError, match=r"num_processes must be >= 1, got 0"):
+        initialize_distributed(coordinator_address="localhost:1", num_processes=0, process_id=0)
+
+
 def test_fsdp_spec_rule():
     from jax.sharding import PartitionSpec as P
 
