@@ -28,6 +28,9 @@ def test_config_hash_is_sha256_and_ignores_volatile_fields():
     h = results.config_hash(cfg())
     assert len(h) == 64 and int(h, 16) >= 0
     assert results.config_hash(cfg(log_every=99)) == h  # logging cadence is not the experiment
+    c = cfg()
+    c.mesh = {"data": 4, "fsdp": True}
+    assert results.config_hash(c) == h  # nor is the device layout
     assert results.config_hash(cfg(learning_rate=2e-3)) != h
     assert results.config_hash(cfg(steps=6)) != h
     # tuples and lists hash alike (config.json round trips turn tuples into lists)

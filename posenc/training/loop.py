@@ -186,13 +186,6 @@ def _check_finite(window, checkpoint_dir, last_good):
                 )
 
 
-def run_hash(config) -> str:
-    """:func:`results.config_hash` of ``config`` without ``mesh`` (device layout is not the experiment)."""
-    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    d.pop("mesh", None)
-    return results.config_hash(d)
-
-
 def is_main_process() -> bool:
     """True on the process that writes files (process 0; the only one without jax.distributed)."""
     return jax.process_index() == 0
@@ -207,7 +200,7 @@ def completed_rows(config, workdir: str) -> list[dict] | None:
     """The results rows of ``config`` in ``workdir`` if every eval length is there, else None."""
     config, _ = prepare_config(config)
     rows = results.read_jsonl(os.path.join(workdir, "results.jsonl"))
-    return _complete_rows(rows, run_hash(config), config.eval.lengths)
+    return _complete_rows(rows, results.config_hash(config), config.eval.lengths)
 
 
 def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
@@ -224,7 +217,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     main = is_main_process()
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
-    h = run_hash(config)
+    h = results.config_hash(config)
     config_path = os.path.join(workdir, "config.json")
     if os.path.exists(config_path):
         with open(config_path) as f:
@@ -363,7 +356,7 @@ def record_divergence(config, workdir: str, error: NonFiniteError, *, name: str 
         name=name or os.path.basename(os.path.abspath(workdir)), task=config.task.name,
         position=pos.kind, norm=norm.kind, placement=norm.placement, seed=int(config.train.seed),
         train_length=int(config.task.train_length), eval_length=int(n), steps=int(config.train.steps),
-        config_hash=run_hash(config), loss=None, accuracy=None, exact_match=None,
+        config_hash=results.config_hash(config), loss=None, accuracy=None, exact_match=None,
         diverged_at_step=int(error.step), not_applicable=f"training diverged: {error}",
         jax_version=jax.__version__, posenc_version=posenc.__version__, task_metadata=task.metadata(),
     ) for n in config.eval.lengths]

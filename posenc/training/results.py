@@ -25,7 +25,7 @@ METRICS = ("loss", "accuracy", "exact_match")
 
 # Fields that say where or how verbosely a run happens, not what it computes.
 VOLATILE_FIELDS = (
-    "workdir", "name",
+    "workdir", "name", "mesh",  # the device layout is not the experiment
     "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
     "train.tensorboard", "train.progress", "train.max_steps_this_run",
 )
