@@ -28,21 +28,11 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-import experiments
+from experiments import runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/compare.py[:ARG].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
-_CACHE = flags.DEFINE_string("jax_cache_dir", experiments.DEFAULT_CACHE_DIR,
-                             "JAX persistent compilation cache directory ('' = off).")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Multi-process run: call jax.distributed.initialize() first (docs/multidevice.md).")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "host:port of process 0 (default $JAX_COORDINATOR_ADDRESS or auto-detected).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
-                                      "Number of processes (default $JAX_NUM_PROCESSES or auto-detected).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None,
-                                   "This process's id in [0, num_processes) (default $JAX_PROCESS_ID or auto-detected).")
 
 
 def _parse_value(text: str):
@@ -128,12 +118,7 @@ def run_grid(config, workdir: str) -> list[dict]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _DISTRIBUTED.value:  # before any JAX computation
-        from posenc.training import sharding
-
-        sharding.initialize_distributed(coordinator_address=_COORDINATOR.value,
-                                        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-    experiments.enable_compilation_cache(_CACHE.value)
+    runtime.start()
     from posenc.training import loop, report
 
     rows = run_grid(_CONFIG.value, _WORKDIR.value)
