@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from posenc import norms, stability
+from posenc import norms
 
 IMPLS = ("auto", "dense", "blocked")
 _NEG = -1e30  # finite mask value: exp(_NEG - m) underflows to 0 without inf - inf = nan
@@ -93,8 +93,14 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causa
     s = _logits(encoding, q, kr, q_positions, k_positions, scale=scale, softcap=softcap,
                 q_offset=q_offset)
     s = jnp.where(mask, s, _NEG)
-    w = jax.nn.softmax(s, axis=-1)
-    w = jnp.where(mask, w, 0.0)
+    # Softmax written out so the stats reuse its row max m and sum l (one pass
+    # over the [B, H, Lq, Lk] logits instead of a log per weight); the max is
+    # a constant for the gradient, as in jax.nn.softmax.
+    m = jax.lax.stop_gradient(s.max(-1, keepdims=True))
+    e = jnp.where(mask, jnp.exp(s - m), 0.0)
+    l = e.sum(-1, keepdims=True)
+    l_safe = jnp.where(l > 0, l, 1.0)  # a row with no visible key gets zero weights
+    w = e / l_safe
     out = jnp.einsum("bhqk,bkhd->bqhd", w.astype(v.dtype), vr,
                      preferred_element_type=jnp.float32)
     vals = encoding.values(w, q_positions, k_positions)
@@ -103,10 +109,14 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causa
     out = out.astype(q.dtype)
     if not return_stats:
         return out
-    full = jnp.broadcast_to(mask, s.shape)
+    # Entropy of a row: -sum_j w_j log w_j = log l + sum_j w_j (m - s_j), every
+    # term >= 0 (no cancellation); masked keys have w_j = 0.
+    row_valid = mask.any(-1)[..., None]  # [Lq, 1]
+    ent = jnp.log(l_safe) + jnp.sum(w * (m - s), axis=-1, keepdims=True)
+    rows = jnp.broadcast_to(row_valid, ent.shape)
     return out, {
-        "max_attention_logit": stability.max_attention_logit(s, full),
-        "attention_entropy": stability.attention_entropy(w, full),
+        "max_attention_logit": jnp.max(jnp.where(rows, m, -jnp.inf)),
+        "attention_entropy": jnp.sum(jnp.where(rows, ent, 0.0)) / jnp.maximum(rows.sum(), 1),
     }
 
 
@@ -131,9 +141,9 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
     nk = -(-Lk // bk)
     kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
 
-    def split(x, n, b):  # [B, n*b, ...] -> [n, B, b, ...]
+    def split(x, n, b):  # [B, n*b, ...] -> [n, B, b, ...] (positions may have batch 1)
         x = _pad(x, 1, n * b)
-        return jnp.moveaxis(x.reshape((B, n, b) + x.shape[2:]), 1, 0)
+        return jnp.moveaxis(x.reshape((x.shape[0], n, b) + x.shape[2:]), 1, 0)
 
     qs, qps = split(q, nq, bq), split(q_positions, nq, bq)
     ks, vs, kps = split(kr, nk, bk), split(vr, nk, bk), split(k_positions, nk, bk)

@@ -66,7 +66,12 @@ class Decoder(nnx.Module):
             if enc is not None:
                 enc.check_length(length)
 
-    def _positions(self, positions, batch, length):
+    def _positions(self, positions, batch, length, *, shared=False):
+        """int32 [batch, length]; with ``shared``, [1, length] when no example differs.
+
+        Shared positions let position-only biases (ALiBi, T5, KERPLE, FIRE) and
+        rotary angles be computed once per layer instead of once per example.
+        """
         if positions is None:
             positions = jnp.arange(length, dtype=jnp.int32)
         positions = jnp.asarray(positions)
@@ -75,6 +80,9 @@ class Decoder(nnx.Module):
         if positions.shape[-1] != length or positions.ndim not in (1, 2):
             raise ValueError(f"positions must have shape [L] or [B, L] with L={length}; "
                              f"got {positions.shape}")
+        rows = positions.shape[0] if positions.ndim == 2 else 1
+        if shared and rows == 1:
+            batch = 1
         return jnp.broadcast_to(positions.astype(jnp.int32), (batch, length))
 
     def embed_tokens(self, tokens):
@@ -109,7 +117,7 @@ class Decoder(nnx.Module):
         """
         B, L, _ = x.shape
         self.check_length(L)
-        positions = self._positions(positions, B, L)
+        positions = self._positions(positions, B, L, shared=True)
         h = self._input(x.astype(self.dtype), positions, deterministic)
 
         def attend(attn, hin):
