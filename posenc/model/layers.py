@@ -26,6 +26,33 @@ def xavier_normal(key, shape, fan_in, fan_out, gain=1.0):
     return gain * math.sqrt(2.0 / (fan_in + fan_out)) * jax.random.normal(key, shape, jnp.float32)
 
 
+@jax.custom_vjp
+def linear(x, w):
+    """``x @ w`` for x [..., D], w [D, N] -> [..., N]; same values and gradients as ``x @ w``.
+
+    The weight gradient is ``x^T @ g`` over all leading axes. Autodiff leaves
+    XLA:CPU to transpose ``g`` (the larger operand, e.g. the [tokens, 4D]
+    MLP activation gradient, fused into the GELU backward with strided
+    writes); here ``x`` is transposed instead, behind an optimization
+    barrier so the transpose is not folded back into the dot.
+    """
+    return x @ w
+
+
+def _linear_fwd(x, w):
+    return x @ w, (x, w)
+
+
+def _linear_bwd(res, g):
+    x, w = res
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    dw = jax.lax.optimization_barrier(x2.T) @ g2
+    return g @ w.T, dw.astype(w.dtype)
+
+
+linear.defvjp(_linear_fwd, _linear_bwd)
+
+
 class Norm(nnx.Module):
     """Any ``posenc.registry.NORM_KINDS`` norm over the last axis, params from posenc.norms."""
 
@@ -58,12 +85,12 @@ class MLP(nnx.Module):
         self.w3 = init((d_model, hidden), d_model, hidden) if kind == "swiglu" else None
 
     def __call__(self, x):
-        h = x @ self.w1[...].astype(self.dtype)
+        h = linear(x, self.w1[...].astype(self.dtype))
         if self.kind == "swiglu":
-            h = jax.nn.silu(h) * (x @ self.w3[...].astype(self.dtype))
+            h = jax.nn.silu(h) * linear(x, self.w3[...].astype(self.dtype))
         else:
             h = jax.nn.gelu(h)
-        return h @ self.w2[...].astype(self.dtype)
+        return linear(h, self.w2[...].astype(self.dtype))
 
 
 class Attention(nnx.Module):
@@ -94,10 +121,11 @@ class Attention(nnx.Module):
 
     def project(self, x):
         """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-normed, not yet rotated)."""
-        w = lambda p: p[...].astype(self.dtype)  # noqa: E731
-        q = jnp.einsum("bld,dhk->blhk", x, w(self.wq))
-        k = jnp.einsum("bld,dhk->blhk", x, w(self.wk))
-        v = jnp.einsum("bld,dhk->blhk", x, w(self.wv))
+        def proj(p):  # [B, L, D] @ [D, heads, Dh] as one [D, heads * Dh] matmul
+            w = p[...].astype(self.dtype)
+            return linear(x, w.reshape(w.shape[0], -1)).reshape(x.shape[:-1] + w.shape[1:])
+
+        q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
         params = {n: p[...] for n, p in self.qk_params.items()}
         q, k = stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
         return q, k, v
@@ -119,7 +147,9 @@ class Attention(nnx.Module):
             causal=causal, q_offset=q_offset, kv_length=kv_length, softcap=self.softcap,
             impl=self.impl, block=self.block, return_stats=return_stats)
         out, stats = res if return_stats else (res, None)
-        y = jnp.einsum("blhk,hkd->bld", out.astype(self.dtype), self.wo[...].astype(self.dtype))
+        wo = self.wo[...].astype(self.dtype)
+        y = linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)),
+                   wo.reshape(-1, wo.shape[-1]))
         return (y, stats) if return_stats else y
 
 
