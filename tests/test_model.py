@@ -97,6 +97,45 @@ def test_logits_shape_dtype_and_default_positions():
     np.testing.assert_allclose(logits, model(tokens, 100 + jnp.arange(L)), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,impl", [("alibi", "blocked"), ("t5", "dense"), ("t5", "blocked"),
+                                       ("shaw", "dense"), ("fire", "blocked")])
+def test_positions_shared_by_the_batch_match_per_example_positions(kind, impl):
+    # Default positions stay [1, L] inside the model (biases built once per layer);
+    # logits, stats and parameter gradients must equal those of explicit [B, L].
+    model = Decoder(small_config(kind, attention_impl=impl, attention_block=8), rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tokens = _tokens()
+
+    def loss(params, positions):
+        logits, stats = nnx.merge(graphdef, params, rest)(tokens, positions, return_stats=True)
+        return jnp.sum(logits * jnp.cos(logits)), (logits, stats)
+
+    grad = jax.grad(loss, has_aux=True)
+    g_shared, (logits_shared, stats_shared) = grad(params, None)
+    g_tiled, (logits_tiled, stats_tiled) = grad(params, jnp.tile(jnp.arange(L), (B, 1)))
+    np.testing.assert_allclose(logits_shared, logits_tiled, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(stats_shared, stats_tiled, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(g_shared, g_tiled, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_linear_matches_matmul_values_and_gradients(dtype):
+    from posenc.model.layers import linear
+
+    kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(kx, (2, 5, 6)).astype(dtype)
+    w = jax.random.normal(kw, (6, 7)).astype(dtype)
+    g = jax.random.normal(kg, (2, 5, 7)).astype(dtype)
+    y, vjp = jax.vjp(linear, x, w)
+    y_ref, vjp_ref = jax.vjp(lambda a, b: a @ b, x, w)
+    assert y.dtype == y_ref.dtype == dtype
+    tol = 1e-6 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.float32(y), np.float32(y_ref), rtol=tol, atol=tol)
+    for a, b in zip(vjp(g), vjp_ref(g), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
+
+
 def test_final_softcap_bounds_the_logits():
     model = Decoder(small_config("nope", norm=dict(final_softcap=0.5)), rngs=nnx.Rngs(0))
     assert float(jnp.abs(model(_tokens())).max()) <= 0.5
