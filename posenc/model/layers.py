@@ -134,12 +134,9 @@ class Attention(nnx.Module):
                causal=True, return_stats=False):
         """Rotate with the encoding, attend, project out: -> [B, Lq, D] (, stats).
 
-        Positions may have batch 1 (shared by every example): rotations and
-        position-only biases broadcast; content terms get the full batch.
+        Positions may have batch 1 (shared by every example); every encoding
+        broadcasts them against the batch of q and k.
         """
-        if self.encoding.has_content_logits or self.encoding.has_values:
-            q_positions = jnp.broadcast_to(q_positions, q.shape[:2])
-            k_positions = jnp.broadcast_to(k_positions, k.shape[:2])
         q = self.encoding.query(q, q_positions, seq_len=seq_len)
         k = self.encoding.key(k, k_positions, seq_len=seq_len)
         res = attn_lib.attention(
