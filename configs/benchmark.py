@@ -12,7 +12,13 @@ GELU MLP x4, untied head, random-token language modelling):
     R     d_model 256, 4 layers, 4 heads, batch 16, seq 256, vocab 256
     T     d_model 64, 2 layers, 4 heads, batch 32, seq 64, vocab 32
     long  case R evaluated on one sequence of 2K, 8K, 16K and 64K tokens,
-          each length in a fresh process (its peak RSS is its own)
+          each length in a fresh process (its peak RSS is its own); at 8K the
+          peer evaluates too (rope, alibi; it needs 13-15 GB and ~1 min)
+    relative  case R, step time of every relative encoding (t5, shaw,
+          transformer_xl, kerple_log, fire, cope) against rope's; no peer
+
+Timings on a shared 2-core machine are noisy: compare ratios from one run,
+take the median of ``bench.rounds`` (``--config.bench.rounds=3``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import ml_collections
 
 from configs import default
 
-CASES = ("R", "T", "long")
+CASES = ("R", "T", "long", "relative")
 
 
 def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
@@ -40,11 +46,16 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
     c.train.warmup_steps = 0
     c.bench = ml_collections.ConfigDict(dict(
         case=case,
-        positions=("rope", "alibi", "t5", "nope"),
+        positions=(("rope", "t5", "shaw", "transformer_xl", "kerple_log", "fire", "cope")
+                   if case == "relative" else ("rope", "alibi") if case == "long"
+                   else ("rope", "alibi", "t5", "nope")),
+        rounds=2,  # timed repeats per position (one compile), each followed by the peer
         train=case != "long",
+        peer=case != "relative",  # run the peer (when --peer_python is given)
         warmup=5,
         steps=50 if small else 20,
         eval_lengths=(2048, 8192, 16384, 65536) if case == "long" else (),
-        eval_repeats=2,  # timed forward passes per eval length (median), after the compile
+        peer_eval_lengths=(8192,) if case == "long" else (),
+        eval_repeats=1,  # timed forward passes per eval length (median), after the compile
     ))
     return c

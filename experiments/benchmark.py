@@ -2,14 +2,20 @@
 
     python -m experiments.benchmark --config configs/benchmark.py:R [--peer_python=/tmp/xt/bin/python]
 
-Training lines: ``case, position, train_tokens_per_s`` (median over timed
+Training lines: ``case, position, round, train_tokens_per_s`` (median over timed
 steps after warm-up), ``model_flops_per_s`` (PaLM accounting: 6 N + 12 l L d
 per token, N the non-embedding parameters), ``matmul_peak_flops_per_s`` (a
 float32 1024^3 matmul measured in the same run), ``compile_s``,
 ``peak_rss_mb``. Evaluation lines (case ``long``): ``case, position,
 eval_length, eval_tokens_per_s, peak_rss_mb``, each from a fresh process.
 With ``--peer_python``, the x-transformers script runs on the same config
-right after each measurement and a ``ratio`` line gives posenc / peer.
+right after each measurement and a ``ratio`` line gives posenc / peer; with
+``bench.rounds`` > 1 every position is timed that many times (one compile),
+each round followed by the peer, and a ``median_of_rounds`` line closes it.
+When rope is in the run, ``step_s / rope step_s`` lines compare every
+position with rope. Eval lengths in ``bench.peer_eval_lengths`` also run the
+peer's ``--eval-seq`` (one forward, its own peak RSS) and print the ratio.
+Each row carries ``load_1min`` (os.getloadavg): distrust rows taken under load.
 """
 
 from __future__ import annotations
@@ -103,7 +109,8 @@ def _flops_per_token(model, config) -> float:
     return 6.0 * n + 12.0 * m.num_layers * m.d_model * int(config.task.train_length)
 
 
-def bench_train(config, position: str, peak: float) -> dict:
+def bench_train(config, position: str, peak: float, rounds: int = 1):
+    """Yields one row per round; the step compiles once, each round times fresh steps."""
     import jax
     from flax import nnx
 
@@ -120,20 +127,24 @@ def bench_train(config, position: str, peak: float) -> dict:
     state, metrics = train_step(graphdef, state, key)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t
-    times = []
-    for i in range(int(c.bench.warmup) + int(c.bench.steps)):
-        t = time.perf_counter()
-        state, metrics = train_step(graphdef, state, jax.random.fold_in(key, i))
-        jax.block_until_ready(metrics)
-        if i >= int(c.bench.warmup):
-            times.append(time.perf_counter() - t)
-    tokens = int(c.train.batch_size) * int(c.task.train_length)
-    tok_s = tokens / statistics.median(times)
-    return dict(case=c.bench.case, position=position, train_tokens_per_s=round(tok_s, 1),
-                step_s=round(statistics.median(times), 5),
-                model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
-                matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
-                peak_rss_mb=round(peak_rss_mb(), 1), loss=round(float(metrics["loss"]), 4))
+    i = 0
+    for r in range(rounds):
+        times = []
+        for n in range(int(c.bench.warmup) + int(c.bench.steps)):
+            t = time.perf_counter()
+            state, metrics = train_step(graphdef, state, jax.random.fold_in(key, i))
+            jax.block_until_ready(metrics)
+            i += 1
+            if n >= int(c.bench.warmup):
+                times.append(time.perf_counter() - t)
+        tokens = int(c.train.batch_size) * int(c.task.train_length)
+        tok_s = tokens / statistics.median(times)
+        yield dict(case=c.bench.case, position=position, round=r, train_tokens_per_s=round(tok_s, 1),
+                   step_s=round(statistics.median(times), 5),
+                   model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
+                   matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
+                   peak_rss_mb=round(peak_rss_mb(), 1), loss=round(float(metrics["loss"]), 4),
+                   load_1min=round(os.getloadavg()[0], 2))
 
 
 def bench_eval(config, position: str, length: int) -> dict:
@@ -151,7 +162,7 @@ def bench_eval(config, position: str, length: int) -> dict:
 
     tokens = jax.random.randint(jax.random.key(1), (1, length), 0, int(c.model.vocab_size), jnp.int32)
     t = time.perf_counter()
-    forward(state, tokens).block_until_ready()
+    forward = forward.lower(state, tokens).compile()  # compile without a (64K: minutes) run
     compile_s = time.perf_counter() - t
     times = []
     for _ in range(int(c.bench.eval_repeats)):
@@ -161,11 +172,11 @@ def bench_eval(config, position: str, length: int) -> dict:
     return dict(case=c.bench.case, position=position, eval_length=length,
                 eval_tokens_per_s=round(length / statistics.median(times), 1),
                 eval_s=round(statistics.median(times), 3), compile_s=round(compile_s, 2),
-                peak_rss_mb=round(peak_rss_mb(), 1))
+                peak_rss_mb=round(peak_rss_mb(), 1), load_1min=round(os.getloadavg()[0], 2))
 
 
 def _peer(config, position: str, eval_length: int = 0) -> dict | None:
-    if not _PEER_PYTHON.value or position not in PEER_PE:
+    if not _PEER_PYTHON.value or position not in PEER_PE or not config.bench.peer:
         return None
     m = config.model
     cmd = [_PEER_PYTHON.value, _PEER_SCRIPT.value, "--pe", PEER_PE[position], "--dim", str(m.d_model),
@@ -208,21 +219,46 @@ def main(argv):
         _emit(bench_eval(config, position, int(length)))
         return
     positions = list(_ONLY.value) or list(config.bench.positions)
+    case = config.bench.case
     if config.bench.train:
         peak = matmul_peak_flops_per_s()
+        step_s = {}
         for position in positions:
-            row = bench_train(config, position, peak)
-            _emit(row)
-            peer = _peer(config, position)
-            if peer is not None:
-                _emit(peer)
-                if "train_tok_s" in peer:
-                    _emit({"case": row["case"], "position": position, "ratio": "train_tokens_per_s posenc/x-transformers",
-                           "value": round(row["train_tokens_per_s"] / peer["train_tok_s"], 3)})
+            ratios, steps = [], []
+            # Each round: posenc steps, then the peer right after (side by side).
+            for row in bench_train(config, position, peak, int(config.bench.rounds)):
+                _emit(row)
+                steps.append(row["step_s"])
+                peer = _peer(config, position)
+                if peer is not None:
+                    _emit(peer)
+                    if "train_tok_s" in peer:
+                        ratios.append(row["train_tokens_per_s"] / peer["train_tok_s"])
+                        _emit({"case": case, "position": position, "round": row["round"],
+                               "ratio": "train_tokens_per_s posenc/x-transformers",
+                               "value": round(ratios[-1], 3)})
+            step_s[position] = statistics.median(steps)
+            if len(ratios) > 1:
+                _emit({"case": case, "position": position, "ratio": "train_tokens_per_s posenc/x-transformers",
+                       "median_of_rounds": round(statistics.median(ratios), 3),
+                       "rounds": [round(r, 3) for r in ratios]})
+        if "rope" in step_s:
+            for position, s in step_s.items():
+                _emit({"case": case, "position": position, "ratio": "step_s / rope step_s",
+                       "value": round(s / step_s["rope"], 3)})
     for length in config.bench.eval_lengths:
         for position in positions:
-            row = _eval_in_child(position, int(length))
-            _emit({"case": config.bench.case, **row})
+            row = {"case": case, **_eval_in_child(position, int(length))}
+            _emit(row)
+            if int(length) in tuple(config.bench.peer_eval_lengths):
+                peer = _peer(config, position, int(length))
+                if peer is not None:
+                    _emit(peer)
+                    if "eval_s" in peer and "eval_tokens_per_s" in row:
+                        _emit({"case": case, "position": position, "eval_length": int(length),
+                               "ratio": "eval_tokens_per_s posenc/x-transformers",
+                               "value": round(row["eval_tokens_per_s"] * peer["eval_s"] / int(length), 3),
+                               "peak_rss_mb": [row["peak_rss_mb"], round(peer["peak_rss_mb"], 1)]})
 
 
 if __name__ == "__main__":
