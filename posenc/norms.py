@@ -28,14 +28,19 @@ _F32 = jnp.float32
 
 def _check_eps(eps, name: str = "eps") -> None:
     # Only concrete values are checked; a traced eps is the caller's business.
-    if isinstance(eps, jax.core.Tracer):
-        return
+    if not isinstance(eps, jax.core.Tracer):
+        _positive(name, eps)
+
+
+def _positive(name: str, value) -> float:
+    """``float(value)``, or ValueError unless it is a finite number > 0."""
     try:
-        value = float(eps)
+        v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number; got {eps!r}") from None
-    if not (value > 0.0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0; got {eps!r}")
+        raise ValueError(f"{name} must be a positive number; got {value!r}") from None
+    if not (v > 0.0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+    return v
 
 
 def _check_vector(name: str, p, x) -> None:
@@ -190,12 +195,7 @@ def softcap(x, cap):
     """
     if isinstance(cap, jax.core.Tracer):
         raise ValueError("cap must be a concrete number > 0, not a traced value")
-    try:
-        c = float(cap)
-    except (TypeError, ValueError):
-        raise ValueError(f"cap must be a number > 0; got {cap!r}") from None
-    if not (c > 0.0 and math.isfinite(c)):
-        raise ValueError(f"cap must be a finite number > 0; got {cap!r}")
+    c = _positive("cap", cap)
     x = jnp.asarray(x)
     return (c * jnp.tanh(x.astype(_F32) / c)).astype(x.dtype)
 
