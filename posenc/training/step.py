@@ -36,15 +36,21 @@ from posenc.training import sharding as sharding_lib
 _CACHE: dict[tuple, object] = {}
 
 
-def masked_metrics(logits, targets, mask) -> dict:
-    """Masked cross-entropy, token accuracy and exact match of ``logits`` [B, L, V]."""
+def _token_terms(logits, targets, mask):
+    """Per-token cross-entropy and correctness, and per-example answer flags."""
     logits = logits.astype(jnp.float32)
     mask = mask.astype(jnp.float32)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-    denom = jnp.maximum(mask.sum(), 1.0)
     has_answer = mask.sum(-1) > 0
     example_right = jnp.all((correct > 0) | (mask == 0), axis=-1) & has_answer
+    return mask, ce, correct, has_answer, example_right
+
+
+def masked_metrics(logits, targets, mask) -> dict:
+    """Masked cross-entropy, token accuracy and exact match of ``logits`` [B, L, V]."""
+    mask, ce, correct, has_answer, example_right = _token_terms(logits, targets, mask)
+    denom = jnp.maximum(mask.sum(), 1.0)
     return {
         "loss": (ce * mask).sum() / denom,
         "accuracy": (correct * mask).sum() / denom,
@@ -155,12 +161,8 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bo
         positions = positions_for(config, pos_key, batch_size, length)
         if mesh is not None:
             batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
-        logits = model(batch["inputs"], positions, deterministic=True).astype(jnp.float32)
-        targets, mask = batch["targets"], batch["mask"].astype(jnp.float32)
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-        has_answer = mask.sum(-1) > 0
-        right = jnp.all((correct > 0) | (mask == 0), axis=-1) & has_answer
+        logits = model(batch["inputs"], positions, deterministic=True)
+        mask, ce, correct, has_answer, right = _token_terms(logits, batch["targets"], batch["mask"])
         out = {
             "loss_sum": (ce * mask).sum(),
             "correct_sum": (correct * mask).sum(),
