@@ -29,19 +29,9 @@ Override anything of the base from the command line, e.g.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import ml_collections
 
-
-def _default_module():
-    # Loaded by path: config files are not a package on sys.path.
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
-    spec = importlib.util.spec_from_file_location("posenc_configs_default", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from configs import default  # the repository root is on sys.path (python -m experiments...)
 
 
 def _grid(**kw) -> ml_collections.ConfigDict:
@@ -53,7 +43,6 @@ def _grid(**kw) -> ml_collections.ConfigDict:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The comparison ``arg`` (quick, full, norms, scaling)."""
     arg = arg or "quick"
-    default = _default_module()
     c = ml_collections.ConfigDict()
     c.name = arg
     c.base = default.get_config()
