@@ -24,6 +24,10 @@ process 0 writes config.json, train_log.jsonl, results.jsonl and event
 files, and Orbax writes checkpoints collectively. ``config.mesh`` is not
 part of the config hash: it changes where a run computes, not what.
 
+The pieces (:func:`start_run`, :class:`RunLog`, :func:`finish`) are shared
+with :mod:`~posenc.training.multiseed`, which trains the seeds of one config
+together in one vmapped step and writes the same files per run.
+
 Metrics are checked for NaN / Inf at every log and checkpoint step (one
 host sync per check, not per step): a non-finite loss or gradient norm
 stops training with :class:`NonFiniteError` naming the step and metric, and
@@ -203,18 +207,22 @@ def completed_rows(config, workdir: str) -> list[dict] | None:
     return _complete_rows(rows, results.config_hash(config), config.eval.lengths)
 
 
-def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
-    """Train, checkpoint, evaluate and write results for ``config`` in ``workdir``.
+def data_root(config):
+    """The key the data keys of ``config``'s run fold from: step ``t`` trains on ``fold_in(root, t)``."""
+    return jax.random.fold_in(jax.random.key(int(config.train.seed)), DATA_STREAM)
 
-    ``max_steps_this_run`` stops after that many steps (after checkpointing),
-    as if the process had been killed; the next call resumes. Returns the
-    results rows, or None if stopped before the end.
+
+def host_metrics(metrics) -> dict:
+    """Device metrics (scalars) as Python floats."""
+    return {n: float(v) for n, v in jax.device_get(metrics).items()}
+
+
+def start_run(config, workdir: str, *, name: str | None = None):
+    """Resolve ``config`` and claim ``workdir``: ``(config, task, hash, workdir, complete rows or None)``.
+
+    Writes ``workdir/config.json`` (ValueError if it holds another config).
     """
     config, task = prepare_config(config)
-    mesh, fsdp = sharding_lib.mesh_or_none(config), sharding_lib.fsdp_enabled(config)
-    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
-    sharding_lib.check_batch_size(int(config.eval.batch_size), mesh, name="eval.batch_size")
-    main = is_main_process()
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     h = results.config_hash(config)
@@ -225,47 +233,114 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
         if old != h:
             raise ValueError(f"{workdir} holds a run with a different config (hash {old[:12]}..., this "
                              f"config {h[:12]}...); use a new --workdir or remove the old one")
-    if main:
+    if is_main_process():
         results.write_json(config_path, {"config": config.to_dict(), "config_hash": h})
-    results_path = os.path.join(workdir, "results.jsonl")
-    done = _complete_rows(results.read_jsonl(results_path), h, config.eval.lengths)
+    done = _complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), h, config.eval.lengths)
     if done is not None:
         logging.info("run %s is already complete (%d steps); results in %s", name or workdir,
-                     config.train.steps, results_path)
+                     config.train.steps, os.path.join(workdir, "results.jsonl"))
+    return config, task, h, workdir, done
+
+
+class RunLog:
+    """The bookkeeping of one run's training: metric window, train_log.jsonl, event files, checkpoints.
+
+    ``window`` holds the host metrics since the last log boundary and is
+    stored in checkpoints, so a resumed run averages exactly the steps an
+    uninterrupted one does.
+    """
+
+    def __init__(self, config, workdir: str, *, main: bool):
+        self.config, self.main = config, main
+        self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                 max_to_keep=int(config.train.keep_checkpoints))
+        self.log_path = os.path.join(workdir, "train_log.jsonl")
+        self.writer = _tensorboard(config, workdir) if main else None
+        self.start, self.record = 0, {"train_seconds": 0.0, "metrics": {}}
+
+    def restore(self, state):
+        """``state`` from the newest checkpoint if any (``self.start`` its step), else as given."""
+        if self.ckpt.latest_step() is not None:
+            state, self.record = self.ckpt.restore(state)
+            self.start = int(self.record["step"])
+            logging.info("resumed from checkpoint step %d in %s", self.start, self.ckpt.directory)
+        record, start = self.record, self.start
+        self.log_rows = [r for r in results.read_jsonl(self.log_path) if r["step"] <= start]
+        self.window = [(int(k), m) for k, m in record.get("window", [])]
+        self.last_good = start if start else None
+        self.last_metrics = record.get("metrics", {})
+        self.seconds = float(record.get("train_seconds", 0.0))
+        return state
+
+    def add(self, checked) -> None:
+        """Append ``[(step, host metrics)]`` to the window; NonFiniteError on a NaN / Inf."""
+        _check_finite(checked, self.ckpt.directory, self.last_good)
+        self.window += checked
+
+    def log(self, s: int) -> dict:
+        """Average the window into a train_log row at step ``s``; returns it (``last_metrics``)."""
+        window = self.window
+        self.last_metrics = {k: float(np.mean([m[k] for _, m in window])) for k in window[-1][1]}
+        self.last_metrics["lr"] = window[-1][1]["lr"]
+        self.log_rows.append({"step": s, **self.last_metrics})
+        if self.main:
+            logging.info("step %d/%d %s", s, int(self.config.train.steps),
+                         " ".join(f"{k}={v:.4g}" for k, v in sorted(self.last_metrics.items())))
+        if self.writer is not None:
+            for k, v in self.last_metrics.items():
+                self.writer.add_scalar(f"train/{k}", v, s)
+        self.window = []
+        return self.last_metrics
+
+    def save(self, s: int, state, train_seconds: float) -> None:
+        """Checkpoint ``state`` as step ``s`` and write train_log.jsonl."""
+        self.ckpt.save(s, state, {"step": s, "metrics": self.last_metrics, "window": self.window,
+                                  "train_seconds": train_seconds})
+        if self.main:
+            results.write_jsonl(self.log_path, self.log_rows)
+        self.last_good = s
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.ckpt.close()
+
+
+def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
+    """Train, checkpoint, evaluate and write results for ``config`` in ``workdir``.
+
+    ``max_steps_this_run`` stops after that many steps (after checkpointing),
+    as if the process had been killed; the next call resumes. Returns the
+    results rows, or None if stopped before the end.
+    """
+    config, task, h, workdir, done = start_run(config, workdir, name=name)
+    mesh, fsdp = sharding_lib.mesh_or_none(config), sharding_lib.fsdp_enabled(config)
+    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
+    sharding_lib.check_batch_size(int(config.eval.batch_size), mesh, name="eval.batch_size")
+    if done is not None:
         return done
+    main = is_main_process()
 
     model = Decoder(config.model, rngs=nnx.Rngs(int(config.train.seed)))
     optimizer = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
     if mesh is not None:  # restore (below) lands in these shardings too
         state = sharding_lib.shard_state(state, mesh, fsdp=fsdp)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=int(config.train.keep_checkpoints))
-    start, record = 0, {"train_seconds": 0.0, "metrics": {}}
-    if ckpt.latest_step() is not None:
-        state, record = ckpt.restore(state)
-        start = int(record["step"])
-        logging.info("resumed from checkpoint step %d in %s", start, ckpt.directory)
-
-    steps = int(config.train.steps)
+    book = RunLog(config, workdir, main=main)
+    state = book.restore(state)
+    start, steps = book.start, int(config.train.steps)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
     # one device: the call (and the step) of a single-device run, untouched
     train_step = (step_lib.train_step_fn(task, config) if mesh is None
                   else step_lib.train_step_fn(task, config, mesh=mesh))
-    data_root = jax.random.fold_in(jax.random.key(int(config.train.seed)), DATA_STREAM)
+    root = data_root(config)
     log_every, ckpt_every = int(config.train.log_every), int(config.train.checkpoint_every)
-    writer = _tensorboard(config, workdir) if main else None
     bar = _progress(steps, start, main and bool(config.train.progress) and end > start)
-    log_path = os.path.join(workdir, "train_log.jsonl")
-    log_rows = [r for r in results.read_jsonl(log_path) if r["step"] <= start]
-    # `window`: host metrics since the last log boundary (stored in checkpoints, so a
-    # resumed run averages exactly the steps an uninterrupted one does); `unchecked`:
-    # device metrics not yet checked for NaN / Inf (one host sync per check).
-    window = [(int(k), m) for k, m in record.get("window", [])]
-    unchecked, last_good, last_metrics = [], start if start else None, record.get("metrics", {})
-    t0, seconds = time.time(), float(record.get("train_seconds", 0.0))
+    unchecked = []  # device metrics not yet checked for NaN / Inf (one host sync per check)
+    t0 = time.time()
     try:
         for t in range(start, end):
-            key = jax.random.fold_in(data_root, t)
+            key = jax.random.fold_in(root, t)
             if mesh is not None:
                 key = sharding_lib.replicate(key, mesh)
             state, metrics = train_step(graphdef, state, key)
@@ -275,43 +350,36 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
             is_ckpt = s % ckpt_every == 0 or s == steps or s == end
             if not (is_log or is_ckpt):
                 continue
-            checked = [(k, {n: float(v) for n, v in jax.device_get(m).items()}) for k, m in unchecked]
-            _check_finite(checked, ckpt.directory, last_good)
-            window += checked
+            book.add([(k, host_metrics(m)) for k, m in unchecked])
             if bar is not None:
                 bar.update(len(unchecked))
             unchecked = []
             if is_log:
-                last_metrics = {k: float(np.mean([m[k] for _, m in window])) for k in window[-1][1]}
-                last_metrics["lr"] = window[-1][1]["lr"]
-                log_rows.append({"step": s, **last_metrics})
-                if main:
-                    logging.info("step %d/%d %s", s, steps,
-                                 " ".join(f"{k}={v:.4g}" for k, v in sorted(last_metrics.items())))
-                if writer is not None:
-                    for k, v in last_metrics.items():
-                        writer.add_scalar(f"train/{k}", v, s)
+                last = book.log(s)
                 if bar is not None:
-                    bar.set_postfix_str(f"loss={last_metrics['loss']:.4f} acc={last_metrics['accuracy']:.3f}")
-                window = []
+                    bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
             if is_ckpt:
-                ckpt.save(s, state, {"step": s, "metrics": last_metrics, "window": window,
-                                     "train_seconds": seconds + time.time() - t0})
-                if main:
-                    results.write_jsonl(log_path, log_rows)
-                last_good = s
+                book.save(s, state, book.seconds + time.time() - t0)
     finally:
         if bar is not None:
             bar.close()
-        if writer is not None:
-            writer.close()
-        ckpt.close()
-    seconds += time.time() - t0
+        book.close()
+    seconds = book.seconds + time.time() - t0
     if end < steps:
         logging.info("stopped after step %d of %d; rerun with the same --workdir to resume", end, steps)
         return None
-
     nnx.update((model, optimizer), state)
+    return finish(model, task, config, workdir, h=h, name=name, train_metrics=book.last_metrics,
+                  train_seconds=seconds, mesh=mesh)
+
+
+def finish(model, task, config, workdir: str, *, h: str, name: str | None, train_metrics: dict,
+           train_seconds: float, mesh=None, **extra) -> list[dict]:
+    """Evaluate the trained ``model`` at every eval length and merge its rows into results.jsonl.
+
+    ``extra`` fields are added to every row.
+    """
+    main = is_main_process()
     t1 = time.time()
     evals = (evaluate_lib.evaluate(model, task, config) if mesh is None
              else evaluate_lib.evaluate(model, task, config, mesh=mesh))
@@ -324,18 +392,20 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
             scaling=pos.scaling if pos.kind in ("rope", "irope") else None,
             randomized=bool(pos.randomized), norm=norm.kind, placement=norm.placement,
             eval_position_overrides=config.eval.get("position_overrides", "") or None,
-            seed=int(config.train.seed), train_length=int(config.task.train_length), steps=steps,
-            config_hash=h, train_loss=last_metrics.get("loss"), train_accuracy=last_metrics.get("accuracy"),
-            train_seconds=seconds, eval_seconds=eval_seconds, wall_time=seconds + eval_seconds,
+            seed=int(config.train.seed), train_length=int(config.task.train_length),
+            steps=int(config.train.steps), config_hash=h, train_loss=train_metrics.get("loss"),
+            train_accuracy=train_metrics.get("accuracy"), train_seconds=train_seconds,
+            eval_seconds=eval_seconds, wall_time=train_seconds + eval_seconds,
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             jax_version=jax.__version__, posenc_version=posenc.__version__,
-            task_metadata=task.metadata(), **ev))
+            task_metadata=task.metadata(), **extra, **ev))
         if writer is not None:
             for k in results.METRICS:
                 if ev[k] is not None:
                     writer.add_scalar(f"eval/{k}", ev[k], ev["eval_length"])
     if writer is not None:
         writer.close()
+    results_path = os.path.join(workdir, "results.jsonl")
     if main:
         results.write_jsonl(results_path, results.merge_rows(results.read_jsonl(results_path), rows))
     for r in rows if main else ():

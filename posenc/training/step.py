@@ -81,24 +81,16 @@ def _min_size(config):
     return int(config.task.min_size) or None
 
 
-def train_step_fn(task, config, *, mesh=None):
-    """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
-
-    ``state`` is the state of ``(model, optimizer)``; metrics (float32
-    scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
-    lr, and the model's stats (max_attention_logit, attention_entropy,
-    logit_mean, log_z). With ``mesh``, ``state`` and ``key`` must already
-    be placed on it (``sharding.shard_state``, ``sharding.replicate``);
-    ValueError if ``train.batch_size`` does not divide over its devices.
-    """
+def _train_key(config, mesh, fsdp, stats):
     train, pos = config.train, config.model.position
-    sharding_lib.check_batch_size(int(train.batch_size), mesh, name="train.batch_size")
-    fsdp = sharding_lib.fsdp_enabled(config)
-    cache_key = ("train", _task_key(config), int(train.batch_size), int(config.task.train_length),
-           optim.settings_key(train), float(train.z_loss), bool(pos.randomized),
-           int(pos.randomized_max_position), mesh, fsdp and mesh is not None)
-    if cache_key in _CACHE:
-        return _CACHE[cache_key]
+    return (_task_key(config), int(train.batch_size), int(config.task.train_length),
+            optim.settings_key(train), float(train.z_loss), bool(pos.randomized),
+            int(pos.randomized_max_position), mesh, fsdp and mesh is not None, bool(stats))
+
+
+def _train_step(task, config, *, mesh=None, fsdp=False, stats=True):
+    """The un-jitted ``step(graphdef, state, key) -> (state, metrics)``."""
+    train = config.train
     batch_size, length = int(train.batch_size), int(config.task.train_length)
     min_size, z_weight = _min_size(config), float(train.z_loss)
     schedule = optim.learning_rate_schedule(train)
@@ -114,12 +106,13 @@ def train_step_fn(task, config, *, mesh=None):
 
         def loss_fn(params):
             m = nnx.merge(mgraph, params, rest)
-            logits, stats = m(batch["inputs"], positions, deterministic=False, return_stats=True)
+            out = m(batch["inputs"], positions, deterministic=False, return_stats=stats)
+            logits, model_stats = out if stats else (out, {})
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
             zl = (stability.z_loss(logits, weight=z_weight, mask=batch["mask"])
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
             total = metrics["loss"] + zl
-            metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in stats.items()})
+            metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in model_stats.items()})
             metrics.update(z_loss=zl, total_loss=total)
             return total, metrics
 
@@ -132,9 +125,49 @@ def train_step_fn(task, config, *, mesh=None):
             new_state = sharding_lib.constrain_state(new_state, mesh, fsdp=fsdp)
         return new_state, metrics
 
-    fn = jax.jit(step, donate_argnums=(1,))
-    _CACHE[cache_key] = fn
-    return fn
+    return step
+
+
+def train_step_fn(task, config, *, mesh=None, stats=True):
+    """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
+
+    ``state`` is the state of ``(model, optimizer)``; metrics (float32
+    scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
+    lr, and with ``stats`` the model's stats (max_attention_logit,
+    attention_entropy, logit_mean, log_z). With ``mesh``, ``state`` and
+    ``key`` must already be placed on it (``sharding.shard_state``,
+    ``sharding.replicate``); ValueError if ``train.batch_size`` does not
+    divide over its devices.
+    """
+    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
+    fsdp = sharding_lib.fsdp_enabled(config)
+    cache_key = ("train", *_train_key(config, mesh, fsdp, stats))
+    if cache_key not in _CACHE:
+        step = _train_step(task, config, mesh=mesh, fsdp=fsdp, stats=stats)
+        _CACHE[cache_key] = jax.jit(step, donate_argnums=(1,))
+    return _CACHE[cache_key]
+
+
+def seeds_train_step_fn(task, config, *, stats=True):
+    """``step(graphdef, states, roots, t) -> (states, metrics)``: the train step of S seeds at once.
+
+    One device. ``states`` is S ``(model, optimizer)`` states of one graph
+    stacked on a leading axis (donated), ``roots`` the S data keys [S] of
+    :func:`posenc.training.loop.data_root`, ``t`` the 0-based step (int32
+    scalar). Seed ``i`` trains on ``fold_in(roots[i], t)``, exactly the key
+    of its own run; the step is :func:`train_step_fn`'s under ``jax.vmap``,
+    so every metric gains a leading [S] axis.
+    """
+    cache_key = ("seeds", *_train_key(config, None, False, stats))
+    if cache_key not in _CACHE:
+        step = jax.vmap(_train_step(task, config, stats=stats), in_axes=(None, 0, 0))
+
+        def seeds_step(graphdef, states, roots, t):
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(roots, t)
+            return step(graphdef, states, keys)
+
+        _CACHE[cache_key] = jax.jit(seeds_step, donate_argnums=(1,))
+    return _CACHE[cache_key]
 
 
 def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bool = False,
