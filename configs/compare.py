@@ -20,7 +20,10 @@ Args:
               (`eval.position_overrides`), RoPE trained with YaRN, and ALiBi.
 
 Grid fields: `grid.tasks`, `grid.positions` (a position kind or a name in
-`variants`), `grid.placements`, `grid.norms`, `grid.seeds`. `variants` maps a
+`variants`), `grid.placements`, `grid.norms`, `grid.seeds`, `grid.vmap_seeds`
+("on": the seeds of a grid cell train together in one `jax.vmap`-ed step,
+posenc.training.multiseed; "off": one after another; "auto" (default): together
+on one device when the model is small enough for it to pay, see docs/performance.md). `variants` maps a
 name to `;`-separated `dotted.field=value` overrides of the base config,
 e.g. `rope_yarn: "model.position.kind=rope;model.position.scaling=yarn"`.
 Override anything of the base from the command line, e.g.
@@ -35,7 +38,8 @@ from configs import default  # the repository root is on sys.path (python -m exp
 
 
 def _grid(**kw) -> ml_collections.ConfigDict:
-    g = dict(tasks=("copy",), positions=("rope",), placements=("pre",), norms=("rms",), seeds=(0,))
+    g = dict(tasks=("copy",), positions=("rope",), placements=("pre",), norms=("rms",), seeds=(0,),
+             vmap_seeds="auto")
     g.update(kw)
     return ml_collections.ConfigDict(g)
 

@@ -83,27 +83,72 @@ def expand(config) -> list[tuple[str, str, object]]:
     return points
 
 
+def seed_groups(points) -> list[list[int]]:
+    """Indices of ``points`` grouped into runs that differ only in their seed, in grid order."""
+    groups, keys = [], {}
+    for i, (name, variant, _) in enumerate(points):
+        key = (name.rsplit("_s", 1)[0], variant)
+        if key in keys:
+            groups[keys[key]].append(i)
+        else:
+            keys[key] = len(groups)
+            groups.append([i])
+    return groups
+
+
+def vmap_seeds(config, run_config) -> bool:
+    """Whether to train the seeds of a grid cell together (``grid.vmap_seeds``): "on", "off", or
+    "auto" (the default): when :func:`posenc.training.multiseed.pays` for the run's size."""
+    from posenc.training import multiseed, sharding
+
+    mode = config.grid.get("vmap_seeds", "auto")
+    if isinstance(mode, bool):
+        mode = "on" if mode else "off"
+    if mode not in ("on", "off", "auto"):
+        raise ValueError(f"grid.vmap_seeds must be one of: auto, on, off; got {mode!r}")
+    if mode == "off" or sharding.mesh_or_none(run_config) is not None:
+        return False
+    return mode == "on" or multiseed.pays(run_config)
+
+
 def run_grid(config, workdir: str) -> list[dict]:
     """Train / evaluate every grid point (skipping complete ones), write results, table and plots."""
-    from posenc.training import loop, report, results
+    from posenc.training import loop, multiseed, report, results
 
     loop.quiet_libraries()
     points = expand(config)
     all_rows, ran, skipped, t0 = [], 0, 0, time.time()
-    for i, (name, variant, run_config) in enumerate(points):
-        run_dir = os.path.join(workdir, "runs", name)
-        if loop.completed_rows(run_config, run_dir) is not None:
-            skipped += 1
-            logging.info("[%d/%d] %s: complete, skipped", i + 1, len(points), name)
+    groups = []
+    for group in seed_groups(points):
+        if len(group) > 1 and vmap_seeds(config, points[group[0]][2]):
+            groups.append(group)
         else:
-            ran += 1
-            logging.info("[%d/%d] %s: training", i + 1, len(points), name)
-        try:
-            rows = loop.run(run_config, run_dir, name=name)
-        except loop.NonFiniteError as e:  # divergence is a result of the grid, not a crash
-            logging.warning("%s diverged: %s", name, e)
-            rows = loop.record_divergence(run_config, run_dir, e, name=name)
-        all_rows += [dict(r, variant=variant, run=name) for r in rows]
+            groups += [[i] for i in group]
+    for group in groups:
+        for i in group:
+            name, _, run_config = points[i]
+            if loop.completed_rows(run_config, os.path.join(workdir, "runs", name)) is not None:
+                skipped += 1
+                logging.info("[%d/%d] %s: complete, skipped", i + 1, len(points), name)
+            else:
+                ran += 1
+                logging.info("[%d/%d] %s: training%s", i + 1, len(points), name,
+                             " (seeds together)" if len(group) > 1 else "")
+        names = [points[i][0] for i in group]
+        dirs = [os.path.join(workdir, "runs", n) for n in names]
+        if len(group) > 1:
+            outs = multiseed.run_seeds([points[i][2] for i in group], dirs, names=names)
+        else:
+            try:
+                outs = [loop.run(points[group[0]][2], dirs[0], name=names[0])]
+            except loop.NonFiniteError as e:
+                outs = [e]
+        for i, run_dir, rows in zip(group, dirs, outs):
+            name, variant, run_config = points[i]
+            if isinstance(rows, loop.NonFiniteError):  # divergence is a result of the grid, not a crash
+                logging.warning("%s diverged: %s", name, rows)
+                rows = loop.record_divergence(run_config, run_dir, rows, name=name)
+            all_rows += [dict(r, variant=variant, run=name) for r in rows]
     if not loop.is_main_process():  # one writer for the shared workdir
         return all_rows
     results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)

@@ -1,0 +1,196 @@
+"""Train the seeds of one config together: one jitted step, ``jax.vmap``-ed over the seeds.
+
+``run_seeds(configs, workdirs)`` does what ``loop.run(config, workdir)``
+does for each config, for configs that differ only in ``train.seed``: the S
+``(model, optimizer)`` states (same graph) are stacked on a leading axis and
+trained by one ``jax.vmap`` of the train step (``step.seeds_train_step_fn``).
+Seed ``i`` starts from ``nnx.Rngs(seed_i)`` and trains on the data keys of its
+own run, so its metrics, checkpoints and results equal those of
+``loop.run`` up to float32 rounding (batched matmuls may sum in another
+order). Every run keeps its own workdir: config.json, train_log.jsonl,
+event files, checkpoints (a killed group resumes, as a group or run by run)
+and results.jsonl, each row with ``seeds_trained_together`` = S and
+``train_seconds`` the wall time of the joint training.
+
+Divergence: a seed whose loss or gradient norm goes NaN / Inf at a check
+(log and checkpoint steps, as in ``loop.run``) gets no checkpoint after its
+last good one and is returned as its :class:`~posenc.training.loop.NonFiniteError`;
+it is dropped from the stack and the others go on (the step recompiles once
+for the smaller stack).
+
+Seeds that resume from different steps (e.g. one was run alone and killed)
+train in groups of equal start step; a group of one runs ``loop.run``. One
+device only: several devices train with ``loop.run``'s data parallelism.
+
+Pays on a CPU where one small run cannot keep the cores busy (see
+docs/performance.md); it costs a compile per stack size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from flax import nnx
+
+from posenc.model import Decoder
+from posenc.training import loop, optim, results
+from posenc.training import sharding as sharding_lib
+from posenc.training import step as step_lib
+
+
+# batch * length * d_model up to which vmapping the seeds paid on 2 CPU cores (docs/performance.md)
+PAYS_MAX_WORK = 32 * 16 * 64
+
+
+def _without_seed(config) -> str:
+    d = json.loads(results.canonical_json(config.to_dict()))
+    d["train"].pop("seed", None)
+    return results.canonical_json(d)
+
+
+def _check(configs) -> None:
+    if not configs:
+        raise ValueError("run_seeds needs at least one config")
+    seeds = [int(c.train.seed) for c in configs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"run_seeds needs distinct train.seed values, got {seeds}")
+    first = _without_seed(configs[0])
+    for c in configs[1:]:
+        if _without_seed(c) != first:
+            raise ValueError(f"run_seeds trains configs that differ only in train.seed; the config of "
+                             f"seed {int(c.train.seed)} differs from that of seed {seeds[0]} elsewhere")
+    if sharding_lib.mesh_or_none(configs[0]) is not None:
+        raise ValueError("run_seeds runs on one device; with several devices (mesh.data != 1) use loop.run")
+
+
+def pays(config) -> bool:
+    """Whether training ``config``'s seeds together is faster than one after another (measured, 2-core CPU)."""
+    work = int(config.train.batch_size) * int(config.task.train_length) * int(config.model.d_model)
+    return work <= PAYS_MAX_WORK
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _take(tree, index):
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None = None) -> list:
+    """``loop.run`` of each ``configs[i]`` in ``workdirs[i]``, the seeds trained together.
+
+    The configs must differ only in ``train.seed`` (ValueError otherwise).
+    Returns, per config, its results rows, None if stopped by
+    ``max_steps_this_run`` before the end, or the :class:`loop.NonFiniteError`
+    of a diverged seed (``loop.record_divergence`` turns it into rows).
+    """
+    if len(configs) != len(workdirs):
+        raise ValueError(f"got {len(configs)} configs and {len(workdirs)} workdirs")
+    names = list(names) if names is not None else [None] * len(configs)
+    started = [loop.start_run(c, w, name=n) for c, w, n in zip(configs, workdirs, names)]
+    _check([s[0] for s in started])
+    out = [s[4] for s in started]  # complete runs: their rows
+    pending = [i for i, s in enumerate(started) if s[4] is None]
+    if not pending:
+        return out
+    config, task = started[pending[0]][0], started[pending[0]][1]
+    main = loop.is_main_process()
+    runs = []
+    for i in pending:
+        c = started[i][0]
+        model = Decoder(c.model, rngs=nnx.Rngs(int(c.train.seed)))
+        optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
+        graphdef, state = nnx.split((model, optimizer))
+        book = loop.RunLog(c, started[i][3], main=main)
+        runs.append(dict(index=i, model=model, optimizer=optimizer, state=book.restore(state), book=book))
+    by_start = {}
+    for r in runs:
+        by_start.setdefault(r["book"].start, []).append(r)
+    for start, group in sorted(by_start.items()):
+        if len(group) == 1:  # nothing to share: the plain loop
+            r = group[0]
+            r["book"].close()
+            i = r["index"]
+            try:
+                out[i] = loop.run(configs[i], workdirs[i], name=names[i], max_steps_this_run=max_steps_this_run)
+            except loop.NonFiniteError as e:
+                out[i] = e
+            continue
+        _train_group(group, graphdef, task, config, start, max_steps_this_run, main, out)
+        for r in group:
+            if out[r["index"]] is not None:  # diverged
+                continue
+            _, _, h, workdir, _ = started[r["index"]]
+            if r.get("train_seconds") is None:  # stopped early
+                continue
+            nnx.update((r["model"], r["optimizer"]), r["state"])
+            out[r["index"]] = loop.finish(
+                r["model"], task, started[r["index"]][0], workdir, h=h, name=names[r["index"]],
+                train_metrics=r["book"].last_metrics, train_seconds=r["train_seconds"],
+                seeds_trained_together=len(group))
+    return out
+
+
+def _train_group(group, graphdef, task, config, start, max_steps_this_run, main, out) -> None:
+    """Train the runs of ``group`` (equal start step) together; sets each run's final state."""
+    steps = int(config.train.steps)
+    end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
+    log_every, ckpt_every = int(config.train.log_every), int(config.train.checkpoint_every)
+    active = list(group)
+    state = _stack([r.pop("state") for r in active])
+    roots = jnp.stack([loop.data_root(r["book"].config) for r in active])
+    train_step = step_lib.seeds_train_step_fn(task, config)
+    bar = loop._progress(steps, start, main and bool(config.train.progress) and end > start)
+    unchecked, t0 = [], time.time()
+    logging.info("training seeds %s together (steps %d to %d)",
+                 [int(r["book"].config.train.seed) for r in active], start, end)
+    try:
+        for t in range(start, end):
+            state, metrics = train_step(graphdef, state, roots, jnp.int32(t))
+            s = t + 1
+            unchecked.append((s, metrics))
+            is_log = s % log_every == 0 or s == steps
+            is_ckpt = s % ckpt_every == 0 or s == steps or s == end
+            if not (is_log or is_ckpt):
+                continue
+            fetched = jax.device_get(unchecked)
+            if bar is not None:
+                bar.update(len(unchecked))
+            unchecked, keep = [], []
+            for j, r in enumerate(active):
+                try:
+                    r["book"].add([(k, {n: float(v[j]) for n, v in m.items()}) for k, m in fetched])
+                    keep.append(j)
+                except loop.NonFiniteError as e:
+                    logging.warning("seed %d diverged: %s", int(r["book"].config.train.seed), e)
+                    out[r["index"]] = e
+            if len(keep) < len(active):
+                if not keep:
+                    return
+                active = [active[j] for j in keep]
+                keep = jnp.asarray(keep)
+                state, roots = _take(state, keep), roots[keep]
+            for j, r in enumerate(active):
+                if is_log:
+                    last = r["book"].log(s)
+                    if bar is not None and j == 0:
+                        bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
+                if is_ckpt:
+                    r["book"].save(s, _take(state, j), r["book"].seconds + time.time() - t0)
+    finally:
+        if bar is not None:
+            bar.close()
+        for r in group:
+            r["book"].close()
+    if end < steps:
+        logging.info("stopped after step %d of %d; rerun with the same workdirs to resume", end, steps)
+        return
+    for j, r in enumerate(active):
+        r["state"] = _take(state, j)
+        r["train_seconds"] = r["book"].seconds + time.time() - t0

@@ -1,0 +1,166 @@
+"""Seeds trained together (one vmapped step) equal their separate runs: metrics, logs, checkpoints,
+resume, divergence of one seed, and the compare grid."""
+
+import importlib.util
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from posenc.training import loop, multiseed, results
+from posenc.training import step as step_lib
+from posenc.training.checkpoint import Checkpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # experiments/ lives at the repository root
+    sys.path.insert(0, ROOT)
+
+# batched matmuls of the vmapped step may sum in another order than the single step's
+TOL = dict(rtol=2e-5, atol=1e-6)
+METRICS = ("loss", "accuracy", "exact_match", "train_loss")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def config(seed):
+    c = load("default").get_config("tiny")
+    c.train.update(steps=8, log_every=4, checkpoint_every=4, warmup_steps=2, learning_rate=3e-3, seed=seed)
+    c.eval.lengths = (16,)
+    return c
+
+
+def params(workdir):
+    from test_end_to_end import restored_params
+
+    return restored_params(config(0), workdir)
+
+
+def assert_rows_close(a, b):
+    assert [r["eval_length"] for r in a] == [r["eval_length"] for r in b]
+    for x, y in zip(a, b):
+        assert x["config_hash"] == y["config_hash"] and x["seed"] == y["seed"]
+        np.testing.assert_allclose([x[k] for k in METRICS], [y[k] for k in METRICS], **TOL)
+
+
+def assert_logs_close(a, b):
+    la, lb = (results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (a, b))
+    assert [r["step"] for r in la] == [r["step"] for r in lb] == [4, 8]
+    for x, y in zip(la, lb):
+        assert sorted(x) == sorted(y)
+        np.testing.assert_allclose([x[k] for k in sorted(x)], [y[k] for k in sorted(x)], rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory):
+    """Each seed's plain loop.run."""
+    base = tmp_path_factory.mktemp("separate")
+    return {s: (str(base / f"s{s}"), loop.run(config(s), str(base / f"s{s}"))) for s in (0, 1, 2)}
+
+
+@pytest.fixture(scope="module")
+def together(tmp_path_factory):
+    base = tmp_path_factory.mktemp("together")
+    dirs = [str(base / f"s{s}") for s in (0, 1)]
+    return dirs, multiseed.run_seeds([config(0), config(1)], dirs, names=["a", "b"])
+
+
+def test_seeds_together_equal_separate_runs(separate, together):
+    dirs, outs = together
+    for s, d, rows in zip((0, 1), dirs, outs):
+        assert_rows_close(rows, separate[s][1])
+        assert all(r["seeds_trained_together"] == 2 for r in rows)
+        assert results.read_jsonl(os.path.join(d, "results.jsonl")) == rows
+        assert_logs_close(d, separate[s][0])
+        assert Checkpointer(os.path.join(d, "checkpoints")).all_steps() == [4, 8]
+        (pa, ra), (pb, rb) = params(d), params(separate[s][0])
+        assert ra["step"] == rb["step"] == 8
+        for x, y in zip(pa, pb):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+    assert outs[0][0]["name"] == "a" and outs[0][0]["loss"] != outs[1][0]["loss"]
+    # complete: rerun reports, never retrains
+    assert multiseed.run_seeds([config(0), config(1)], dirs) == outs
+
+
+def test_killed_group_resumes_exactly_and_mixed_starts(tmp_path, together):
+    dirs = [str(tmp_path / f"s{s}") for s in (0, 1, 2)]
+    # seeds 0, 1 killed together after step 3; seed 2 alone after step 1
+    assert multiseed.run_seeds([config(0), config(1)], dirs[:2], max_steps_this_run=3) == [None, None]
+    assert loop.run(config(2), dirs[2], max_steps_this_run=1) is None
+    assert [Checkpointer(os.path.join(d, "checkpoints")).latest_step() for d in dirs] == [3, 3, 1]
+    assert not os.path.exists(os.path.join(dirs[0], "results.jsonl"))
+    outs = multiseed.run_seeds([config(0), config(1), config(2)], dirs)
+    for rows, ref in zip(outs[:2], together[1]):  # same program as the uninterrupted group: exact
+        assert [[r[k] for k in METRICS] for r in rows] == [[r[k] for k in METRICS] for r in ref]
+    assert "seeds_trained_together" not in outs[2][0]  # trained alone (its own start step)
+    for x, y in zip(params(dirs[0])[0], params(together[0][0])[0]):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_one_diverging_seed_keeps_the_others(tmp_path, monkeypatch, separate):
+    real = step_lib.seeds_train_step_fn
+
+    def poisoned(task, c, **kw):
+        fn = real(task, c, **kw)
+
+        def step(graphdef, states, roots, t):
+            states, metrics = fn(graphdef, states, roots, t)
+            if int(t) >= 1 and roots.shape[0] == 2:  # seed 1 (second) goes NaN at step 2
+                metrics = dict(metrics, loss=metrics["loss"].at[1].set(np.nan))
+            return states, metrics
+
+        return step
+
+    monkeypatch.setattr(step_lib, "seeds_train_step_fn", poisoned)
+    dirs = [str(tmp_path / f"s{s}") for s in (0, 1)]
+    outs = multiseed.run_seeds([config(0), config(1)], dirs)
+    assert isinstance(outs[1], loop.NonFiniteError) and outs[1].step == 2
+    assert "non-finite loss (nan) at step 2" in str(outs[1])
+    assert Checkpointer(os.path.join(dirs[1], "checkpoints")).all_steps() == []
+    assert not os.path.exists(os.path.join(dirs[1], "results.jsonl"))
+    # seed 0 trained on alone (in a stack of one) and equals its separate run
+    assert_rows_close(outs[0], separate[0][1])
+    assert_logs_close(dirs[0], separate[0][0])
+    rows = loop.record_divergence(config(1), dirs[1], outs[1])
+    assert loop.completed_rows(config(1), dirs[1]) == rows and rows[0]["diverged_at_step"] == 2
+
+
+def test_configs_must_differ_only_in_seed(tmp_path):
+    other = config(1)
+    other.train.learning_rate = 1e-2
+    with pytest.raises(ValueError, match="differ only in train.seed"):
+        multiseed.run_seeds([config(0), other], [str(tmp_path / "a"), str(tmp_path / "b")])
+    with pytest.raises(ValueError, match="distinct train.seed"):
+        multiseed.run_seeds([config(0), config(0)], [str(tmp_path / "c"), str(tmp_path / "d")])
+
+
+def test_compare_grid_trains_seeds_together(tmp_path, separate):
+    from experiments import compare as compare_main
+
+    c = load("compare").get_config("quick")
+    c.base = config(0)
+    c.grid.update(positions=("rope",), seeds=(0, 1), vmap_seeds="on")
+    points = compare_main.expand(c)
+    assert compare_main.seed_groups(points) == [[0, 1]]
+    rows = compare_main.run_grid(c, str(tmp_path))
+    assert [(r["run"], r["seeds_trained_together"]) for r in rows] == [
+        ("copy_rope_rms-pre_s0", 2), ("copy_rope_rms-pre_s1", 2)]
+    for r, s in zip(rows, (0, 1)):
+        assert_rows_close([r], separate[s][1])
+    assert results.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
+    c.grid.vmap_seeds = "sometimes"
+    with pytest.raises(ValueError, match="grid.vmap_seeds must be one of: auto, on, off"):
+        compare_main.run_grid(c, str(tmp_path))
+
+
+def test_pays_threshold():
+    quick = load("compare").get_config("quick").base
+    bench = load("benchmark")
+    assert multiseed.pays(quick)
+    assert not multiseed.pays(bench.get_config("T")) and not multiseed.pays(bench.get_config("R"))
