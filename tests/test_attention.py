@@ -1,4 +1,4 @@
-"""Attention: blocked (online softmax) == dense, forward and gradient, every encoding."""
+"""Attention: blocked (online softmax) == causal query blocks == dense, forward and gradient."""
 
 import math
 import subprocess
@@ -36,17 +36,19 @@ def _inputs(seed=0):
 
 
 def _run(enc, *, causal=True, softcap=0.0, return_stats=False):
-    """One jit: (out, grads wrt params, q, k, v, stats) for the dense and the blocked impl."""
+    """One jit: (out, grads wrt params, q, k, v, stats) for dense, dense in causal query
+    blocks (L = 13 in blocks of 4: the last one partial) and blocked attention."""
     g, params, rest = nnx.split(enc, nnx.Param, ...)
     q, k, v, positions, cot = _inputs()
 
     def f(impl, params, q, k, v):
         e = nnx.merge(g, params, rest)
+        impl, causal_block = ("dense", BLOCK) if impl == "split" else (impl, 0)
         qq = e.query(q, positions, seq_len=L)
         kk = e.key(k, positions, seq_len=L)
         res = attention(qq, kk, v, positions, positions, e, scale=1 / math.sqrt(DH),
                         causal=causal, softcap=softcap, impl=impl, block=BLOCK,
-                        return_stats=return_stats)
+                        causal_block=causal_block, return_stats=return_stats)
         return res if return_stats else (res, None)
 
     def loss(params, q, k, v, impl):
@@ -56,7 +58,7 @@ def _run(enc, *, causal=True, softcap=0.0, return_stats=False):
     @jax.jit
     def both(params, q, k, v):
         res = []
-        for impl in ("dense", "blocked"):
+        for impl in ("dense", "split", "blocked"):
             grads, (out, stats) = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
                 params, q, k, v, impl)
             res.append((out, grads, stats))
@@ -77,10 +79,12 @@ ATTENTION_KINDS = sorted(k for k in REGISTRY if not encodings.is_embed_kind(k))
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
 def test_blocked_matches_dense_forward_and_gradient(kind):
     enc = _encoding(kind)
-    (out_d, grads_d, _), (out_b, grads_b, _) = _run(enc)
-    assert out_b.shape == (B, L, H, DH)
+    (out_d, grads_d, _), (out_s, grads_s, _), (out_b, grads_b, _) = _run(enc)
+    assert out_b.shape == out_s.shape == (B, L, H, DH)
     _close(out_b, out_d)
     _close(grads_b, grads_d)
+    _close(out_s, out_d)
+    _close(grads_s, grads_d)
     # The gradient reaches the encoding's parameters (when it has any).
     for leaf in jax.tree.leaves(grads_d[0]):
         assert float(jnp.abs(leaf).max()) > 0
@@ -90,10 +94,12 @@ def test_blocked_matches_dense_forward_and_gradient(kind):
 def test_blocked_stats_softcap_and_noncausal_match_dense(kind):
     enc = _encoding(kind)
     for causal in (True, False):
-        (out_d, grads_d, st_d), (out_b, grads_b, st_b) = _run(
+        (out_d, grads_d, st_d), (out_s, grads_s, st_s), (out_b, grads_b, st_b) = _run(
             enc, causal=causal, softcap=2.0, return_stats=True)
         _close((out_b, grads_b), (out_d, grads_d))
+        _close((out_s, grads_s), (out_d, grads_d))
         _close(st_b, st_d, rtol=1e-5, atol=1e-5)
+        _close(st_s, st_d, rtol=1e-5, atol=1e-5)
         assert float(st_d["max_attention_logit"]) <= 2.0  # soft-capped
         assert 0.0 < float(st_d["attention_entropy"]) < math.log(L)
 
@@ -106,6 +112,21 @@ def test_dense_fast_path_matches_manual_path():
     fast = dense_attention(q, k, v, positions, positions, enc, **kw)
     manual, _ = dense_attention(q, k, v, positions, positions, enc, return_stats=True, **kw)
     _close(fast, manual, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("q_offset,kv_length", [(3, None), (6, 5), (0, 0)])
+def test_causal_blocks_with_offset_and_kv_length_match_one_block(q_offset, kv_length):
+    """Static q_offset / kv_length (a prefix of cached keys): blocks == one softmax; no key
+    visible (kv_length 0) gives zeros in both."""
+    enc = _encoding("t5")
+    q, k, v, positions, _ = _inputs(3)
+    kw = dict(scale=0.5, q_offset=q_offset, kv_length=kv_length, return_stats=True)
+    qs, qp = q[:, : L - 6], positions[:, : L - 6]
+    one, st1 = dense_attention(qs, k, v, qp, positions, enc, **kw)
+    split, st2 = dense_attention(qs, k, v, qp, positions, enc, causal_block=3, **kw)
+    _close((one, st1), (split, st2), rtol=1e-5, atol=1e-6)
+    if kv_length == 0:
+        assert float(jnp.abs(split).max()) == 0.0
 
 
 def test_causal_mask_by_index_and_offset():

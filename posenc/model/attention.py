@@ -71,12 +71,11 @@ def _logits(encoding, q, k, qp, kp, *, scale, softcap, q_offset):
     return s
 
 
-def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True,
-                    q_offset=0, kv_length=None, softcap=0.0, return_stats=False):
-    """Attention materialising [B, H, Lq, Lk] logits; q [B,Lq,H,Dh], k/v [B,Lk,K,Dh]."""
+def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q_offset, kv_length,
+                softcap, return_stats):
+    """One dense softmax over every key; -> out (, (max logit, entropy sum, valid row count))."""
     B, Lq, H, _ = q.shape
     Lk = k.shape[1]
-    kv_length = Lk if kv_length is None else kv_length
     mask = _mask(jnp.arange(Lq), jnp.arange(Lk), causal=causal, q_offset=q_offset,
                  kv_length=kv_length)
     plain = not (encoding.has_content_logits or encoding.has_values or softcap or return_stats)
@@ -114,10 +113,58 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causa
     row_valid = mask.any(-1)[..., None]  # [Lq, 1]
     ent = jnp.log(l_safe) + jnp.sum(w * (m - s), axis=-1, keepdims=True)
     rows = jnp.broadcast_to(row_valid, ent.shape)
-    return out, {
-        "max_attention_logit": jnp.max(jnp.where(rows, m, -jnp.inf)),
-        "attention_entropy": jnp.sum(jnp.where(rows, ent, 0.0)) / jnp.maximum(rows.sum(), 1),
-    }
+    return out, (jnp.max(jnp.where(rows, m, -jnp.inf)), jnp.sum(jnp.where(rows, ent, 0.0)),
+                 rows.sum())
+
+
+def _static_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True,
+                    q_offset=0, kv_length=None, softcap=0.0, return_stats=False, causal_block=0):
+    """Attention materialising [B, H, Lq, Lk] logits; q [B,Lq,H,Dh], k/v [B,Lk,K,Dh].
+
+    With ``causal`` and a ``causal_block`` smaller than Lq (and static
+    ``q_offset`` / ``kv_length``), the queries are split into blocks of that
+    size and block ``[s, e)`` attends only to its visible keys
+    ``[0, q_offset + e)``: an exact softmax over every key it can see, with
+    the logits above the diagonal never computed (about half the work of
+    one [Lq, Lk] softmax for many blocks).
+    """
+    Lq, Lk = q.shape[1], k.shape[1]
+    kv_length = Lk if kv_length is None else kv_length
+    kw = dict(scale=scale, softcap=softcap, return_stats=return_stats)
+    split = (causal and causal_block and Lq > causal_block and _static_int(q_offset)
+             and _static_int(kv_length))
+    if not split:
+        res = _dense_rows(q, k, v, q_positions, k_positions, encoding, causal=causal,
+                          q_offset=q_offset, kv_length=kv_length, **kw)
+        return _finish_stats(res, return_stats)
+    outs, parts = [], []
+    for s in range(0, Lq, causal_block):
+        e = min(s + causal_block, Lq)
+        # keys past q_offset + e - 1 are above the diagonal of every query of the block
+        kend = max(min(q_offset + e, kv_length, Lk), 1)
+        res = _dense_rows(q[:, s:e], k[:, :kend], v[:, :kend], q_positions[:, s:e],
+                          k_positions[:, :kend], encoding, causal=True, q_offset=q_offset + s,
+                          kv_length=min(kv_length, kend), **kw)
+        out, part = res if return_stats else (res, None)
+        outs.append(out)
+        parts.append(part)
+    out = jnp.concatenate(outs, axis=1)
+    if not return_stats:
+        return out
+    return _finish_stats((out, (jnp.max(jnp.stack([p[0] for p in parts])),
+                                sum(p[1] for p in parts), sum(p[2] for p in parts))), True)
+
+
+def _finish_stats(res, return_stats):
+    if not return_stats:
+        return res
+    out, (max_logit, ent_sum, rows) = res
+    return out, {"max_attention_logit": max_logit,
+                 "attention_entropy": ent_sum / jnp.maximum(rows, 1)}
 
 
 def _pad(x, axis, size):
@@ -205,7 +252,8 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
 
 
 def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True, q_offset=0,
-              kv_length=None, softcap=0.0, impl="auto", block=512, return_stats=False):
+              kv_length=None, softcap=0.0, impl="auto", block=512, causal_block=0,
+              return_stats=False):
     """Multi-head attention with a position encoding; dense or blocked (see module doc).
 
     Args:
@@ -219,6 +267,8 @@ def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True
       softcap: 0 = off, else ``cap * tanh(s / cap)`` on the pre-mask logits.
       impl: "dense", "blocked" or "auto" (dense when Lq and Lk <= block).
       block: query / key block size of the blocked path.
+      causal_block: dense path only: causal query blocks of this size attend to
+        the keys up to their diagonal only (0 = one block; see dense_attention).
       return_stats: also return max_attention_logit and attention_entropy.
     Returns:
       [B, Lq, H, Dh] in q.dtype (and a stats dict when return_stats).
@@ -231,5 +281,6 @@ def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True
     kw = dict(scale=scale, causal=causal, q_offset=q_offset, kv_length=kv_length,
               softcap=softcap, return_stats=return_stats)
     if impl == "dense":
-        return dense_attention(q, k, v, q_positions, k_positions, encoding, **kw)
+        return dense_attention(q, k, v, q_positions, k_positions, encoding,
+                               causal_block=causal_block, **kw)
     return blocked_attention(q, k, v, q_positions, k_positions, encoding, block=block, **kw)

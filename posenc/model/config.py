@@ -89,6 +89,7 @@ def model_config() -> ml_collections.ConfigDict:
             dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
             attention_block=512,  # query / key block of the memory-efficient attention
             attention_impl="auto",  # auto | dense | blocked
+            attention_causal_block=64,  # dense causal attention: query blocks skip keys past their diagonal (0 = off)
             position=position_config(),
             norm=norm_config(),
         )

@@ -102,6 +102,7 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = H, K, head_dim, dtype
         self.softcap = float(cfg.norm.attn_softcap)
         self.impl, self.block = cfg.attention_impl, int(cfg.attention_block)
+        self.causal_block = int(cfg.attention_causal_block)
         self.qk_norm_kind, self.qk_eps = cfg.norm.qk_norm, float(cfg.norm.eps)
         self.encoding = encoding
 
@@ -142,7 +143,8 @@ class Attention(nnx.Module):
         res = attn_lib.attention(
             q, k, v, q_positions, k_positions, self.encoding, scale=1.0 / math.sqrt(self.head_dim),
             causal=causal, q_offset=q_offset, kv_length=kv_length, softcap=self.softcap,
-            impl=self.impl, block=self.block, return_stats=return_stats)
+            impl=self.impl, block=self.block, causal_block=self.causal_block,
+            return_stats=return_stats)
         out, stats = res if return_stats else (res, None)
         wo = self.wo[...].astype(self.dtype)
         y = linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)),

@@ -50,9 +50,10 @@ def validate_config(cfg, *, max_length=None) -> None:
     """
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "attention_block"):
         _positive_int(name, cfg[name])
-    for name in ("num_kv_heads", "head_dim"):
+    for name in ("num_kv_heads", "head_dim", "attention_causal_block"):
         if isinstance(cfg[name], bool) or not isinstance(cfg[name], int) or cfg[name] < 0:
-            raise ValueError(f"model.{name} must be an integer >= 0 (0 = default); got {cfg[name]!r}")
+            raise ValueError(f"model.{name} must be an integer >= 0 (0 = "
+                             f"{'off' if name == 'attention_causal_block' else 'default'}); got {cfg[name]!r}")
     _choice("mlp", cfg.mlp, MLPS)
     _choice("dtype", cfg.dtype, DTYPES)
     attention.check_impl(cfg.attention_impl)
