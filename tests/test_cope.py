@@ -116,3 +116,100 @@ def test_errors():
         cope.logits(Q, K, E[:, :3])
     with pytest.raises(ValueError, match="q and k must have shape"):
         cope.logits(Q, K[..., :3], E)
+
+
+def reference_logits(q, k, e, causal):
+    """The formula as plain jnp (lax.cumsum, take_along_axis), differentiated by JAX."""
+    gate_logits = jnp.einsum("...qhd,...khd->...hqk", q, k) / math.sqrt(q.shape[-1])
+    gates = jax.nn.sigmoid(gate_logits)
+    if causal:
+        lq, lk = gate_logits.shape[-2:]
+        gates = jnp.where(jnp.arange(lk)[None, :] <= jnp.arange(lq)[:, None] + lk - lq, gates, 0.0)
+    pos = jnp.minimum(jax.lax.cumsum(gates, axis=gates.ndim - 1, reverse=True), e.shape[0] - 1.0)
+    per_pos = jnp.einsum("...qhd,nd->...hqn", q, e)
+    lo = jnp.floor(pos)
+    w = pos - lo
+    at_lo = jnp.take_along_axis(per_pos, lo.astype(jnp.int32), axis=-1)
+    at_hi = jnp.take_along_axis(per_pos, jnp.ceil(pos).astype(jnp.int32), axis=-1)
+    return at_hi * w + at_lo * (1.0 - w)
+
+
+# (q batch, k batch, Lq, Lk, H, Dh, npos, causal): Lk = 32, 48 take the blocked
+# cumulative sum, Lk = 6 the plain one; Lq < Lk is decoding with a cache; npos = 3
+# clamps most positions; (3, 1) vs (1,) broadcasts the batch shapes.
+FAST_CASES = [
+    ((2,), (2,), 32, 32, 2, 8, 8, True),
+    ((2,), (2,), 20, 48, 2, 8, 16, True),
+    ((3, 1), (1,), 32, 32, 1, 4, 3, False),
+    ((), (), 5, 6, 3, 4, 5, True),
+]
+
+
+@pytest.mark.parametrize("qb, kb, lq, lk, h, dh, npos, causal", FAST_CASES)
+def test_fast_path_matches_reference_values_and_gradients(qb, kb, lq, lk, h, dh, npos, causal):
+    rng = np.random.default_rng(lq * 100 + lk)
+    q = jnp.asarray(rng.normal(size=qb + (lq, h, dh)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=kb + (lk, h, dh)), jnp.float32)
+    e = jnp.asarray(rng.normal(size=(npos, dh)), jnp.float32)
+    out = cope.logits(q, k, e, causal=causal)
+    want = reference_logits(q, k, e, causal)
+    assert out.shape == want.shape == jnp.broadcast_shapes(qb, kb) + (h, lq, lk)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+    ct = jnp.asarray(rng.normal(size=out.shape), jnp.float32)
+    grads = jax.grad(lambda *a: (cope.logits(*a, causal=causal) * ct).sum(), (0, 1, 2))(q, k, e)
+    want_grads = jax.grad(lambda *a: (reference_logits(*a, causal) * ct).sum(), (0, 1, 2))(q, k, e)
+    for got, ref, name in zip(grads, want_grads, "qke"):
+        assert got.shape == ref.shape, name
+        # Sums of up to Lk products of O(1) terms: float32 error ~1e-5 absolute.
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=f"d/d{name}")
+        assert np.abs(np.asarray(ref)).sum() > 0
+
+
+def test_forward_mode_matches_reference():
+    # The custom derivative is a JVP, so jax.jvp (and jacfwd) work as well as grad.
+    rng = np.random.default_rng(3)
+    q, k = (jnp.asarray(rng.normal(size=(2, 32, 2, 4)), jnp.float32) for _ in range(2))
+    e = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
+    tangents = tuple(jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in (q, k, e))
+    out, d_out = jax.jvp(cope.logits, (q, k, e), tangents)
+    want, d_want = jax.jvp(lambda *a: reference_logits(*a, True), (q, k, e), tangents)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_out, d_want, rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_positions_match_loop_and_cumsum():
+    # Lk = 48: three blocks of 16 keys summed by matmul, then across blocks.
+    g = RNG.normal(size=(2, 5, 48)).astype(np.float32) * 3
+    for causal in (True, False):
+        out = cope.positions(jnp.asarray(g), npos=20, causal=causal)
+        np.testing.assert_allclose(out, naive_positions(g, 20, causal), rtol=1e-5, atol=1e-5)
+    # Its gradient is the forward cumulative sum of the cotangent times sigmoid'.
+    ct = RNG.normal(size=g.shape).astype(np.float32)
+    got = jax.grad(lambda x: (cope.positions(x, npos=100, causal=False) * ct).sum())(jnp.asarray(g))
+    s = sigmoid(g)
+    np.testing.assert_allclose(got, np.cumsum(ct, -1) * s * (1 - s), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_inputs_and_nan_rows():
+    q16, k16, e16 = (x.astype(jnp.bfloat16) for x in (Q, K, E))
+    out = cope.logits(q16, k16, e16)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, cope.logits(*(x.astype(jnp.float32) for x in (q16, k16, e16))), rtol=1e-6)
+    g = jax.grad(lambda q: cope.logits(q, k16, e16).sum())(q16)
+    assert g.dtype == jnp.bfloat16 and np.isfinite(np.asarray(g, np.float32)).all()
+    # A NaN query gives NaN in its own row only (its indices are clipped, never out of bounds).
+    out = cope.logits(Q.at[0, 2, 1].set(jnp.nan), K, E)
+    assert np.isnan(np.asarray(out[0, 1, 2])).all()
+    assert np.isfinite(np.asarray(out[0, 1, :2])).all() and np.isfinite(np.asarray(out[1])).all()
+
+
+def test_take_along_axis_fallback_for_huge_tables(monkeypatch):
+    # Tables of 2^31+ entries cannot use int32 flat indices; the fallback gives the same.
+    out, grads = jax.value_and_grad(lambda q, k, e: (cope.logits(q, k, e) ** 2).sum(), (0, 1, 2))(Q, K, E)
+    monkeypatch.setattr(cope, "_MAX_FLAT", 0)
+    out2, grads2 = jax.value_and_grad(lambda q, k, e: (cope.logits(q, k, e) ** 2).sum(), (0, 1, 2))(Q, K, E)
+    np.testing.assert_allclose(out2, out, rtol=1e-6)
+    for a, b in zip(grads2, grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
