@@ -30,11 +30,14 @@ def xavier_normal(key, shape, fan_in, fan_out, gain=1.0):
 def linear(x, w):
     """``x @ w`` for x [..., D], w [D, N] -> [..., N]; same values and gradients as ``x @ w``.
 
-    The weight gradient is ``x^T @ g`` over all leading axes. Autodiff leaves
-    XLA:CPU to transpose ``g`` (the larger operand, e.g. the [tokens, 4D]
-    MLP activation gradient, fused into the GELU backward with strided
-    writes); here ``x`` is transposed instead, behind an optimization
-    barrier so the transpose is not folded back into the dot.
+    The weight gradient is ``x^T @ g`` over all leading axes (tokens), and
+    XLA:CPU's dot wants one of its operands transposed to token-minor
+    layout. Autodiff leaves XLA to choose, and it transposed the larger one
+    (e.g. the [tokens, 4D] MLP activation gradient, fused into the GELU
+    backward with strided writes). Here the smaller of ``x`` and ``g`` is
+    transposed, behind an optimization barrier so the transpose is not
+    folded back into the dot; when that is ``g``, the product is
+    ``(g^T @ x)^T``, whose transpose is only the [D, N] weight.
     """
     return x @ w
 
@@ -46,7 +49,10 @@ def _linear_fwd(x, w):
 def _linear_bwd(res, g):
     x, w = res
     x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    dw = jax.lax.optimization_barrier(x2.T) @ g2
+    if x2.shape[1] <= g2.shape[1]:
+        dw = jax.lax.optimization_barrier(x2.T) @ g2
+    else:
+        dw = (jax.lax.optimization_barrier(g2.T) @ x2).T
     return g @ w.T, dw.astype(w.dtype)
 
 
@@ -121,12 +127,18 @@ class Attention(nnx.Module):
         self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
 
     def project(self, x):
-        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-normed, not yet rotated)."""
-        def proj(p):  # [B, L, D] @ [D, heads, Dh] as one [D, heads * Dh] matmul
-            w = p[...].astype(self.dtype)
-            return linear(x, w.reshape(w.shape[0], -1)).reshape(x.shape[:-1] + w.shape[1:])
+        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-normed, not yet rotated).
 
-        q, k, v = proj(self.wq), proj(self.wk), proj(self.wv)
+        One [D, (H + 2K) Dh] matmul for q, k and v: the input is read (and, for
+        the weight gradient, transposed) once instead of three times.
+        """
+        ws = [p[...].astype(self.dtype) for p in (self.wq, self.wk, self.wv)]
+        w = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
+        qkv = linear(x, w)
+        H, K, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = jnp.split(qkv, [H * Dh, (H + K) * Dh], axis=-1)
+        lead = x.shape[:-1]
+        q, k, v = q.reshape(lead + (H, Dh)), k.reshape(lead + (K, Dh)), v.reshape(lead + (K, Dh))
         params = {n: p[...] for n, p in self.qk_params.items()}
         q, k = stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
         return q, k, v
