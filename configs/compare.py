@@ -21,9 +21,9 @@ Args:
 
 Grid fields: `grid.tasks`, `grid.positions` (a position kind or a name in
 `variants`), `grid.placements`, `grid.norms`, `grid.seeds`, `grid.vmap_seeds`
-("on": the seeds of a grid cell train together in one `jax.vmap`-ed step,
-posenc.training.multiseed; "off": one after another; "auto" (default): together
-on one device when the model is small enough for it to pay, see docs/performance.md). `variants` maps a
+(True: the seeds of a grid cell train together in one `jax.vmap`-ed step on one
+device, posenc.training.multiseed; default False: one after another, which was as
+fast or faster on 2 CPU cores, see docs/performance.md). `variants` maps a
 name to `;`-separated `dotted.field=value` overrides of the base config,
 e.g. `rope_yarn: "model.position.kind=rope;model.position.scaling=yarn"`.
 Override anything of the base from the command line, e.g.
@@ -39,7 +39,7 @@ from configs import default  # the repository root is on sys.path (python -m exp
 
 def _grid(**kw) -> ml_collections.ConfigDict:
     g = dict(tasks=("copy",), positions=("rope",), placements=("pre",), norms=("rms",), seeds=(0,),
-             vmap_seeds="auto")
+             vmap_seeds=False)
     g.update(kw)
     return ml_collections.ConfigDict(g)
 

@@ -97,18 +97,13 @@ def seed_groups(points) -> list[list[int]]:
 
 
 def vmap_seeds(config, run_config) -> bool:
-    """Whether to train the seeds of a grid cell together (``grid.vmap_seeds``): "on", "off", or
-    "auto" (the default): when :func:`posenc.training.multiseed.pays` for the run's size."""
-    from posenc.training import multiseed, sharding
+    """Whether to train the seeds of a grid cell together: ``grid.vmap_seeds`` (default False), on one device."""
+    from posenc.training import sharding
 
-    mode = config.grid.get("vmap_seeds", "auto")
-    if isinstance(mode, bool):
-        mode = "on" if mode else "off"
-    if mode not in ("on", "off", "auto"):
-        raise ValueError(f"grid.vmap_seeds must be one of: auto, on, off; got {mode!r}")
-    if mode == "off" or sharding.mesh_or_none(run_config) is not None:
-        return False
-    return mode == "on" or multiseed.pays(run_config)
+    mode = config.grid.get("vmap_seeds", False)
+    if not isinstance(mode, bool):
+        raise ValueError(f"grid.vmap_seeds must be True or False, got {mode!r}")
+    return mode and sharding.mesh_or_none(run_config) is None
 
 
 def run_grid(config, workdir: str) -> list[dict]:

@@ -145,7 +145,7 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
 
     c = load("compare").get_config("quick")
     c.base = config(0)
-    c.grid.update(positions=("rope",), seeds=(0, 1), vmap_seeds="on")
+    c.grid.update(positions=("rope",), seeds=(0, 1), vmap_seeds=True)
     points = compare_main.expand(c)
     assert compare_main.seed_groups(points) == [[0, 1]]
     rows = compare_main.run_grid(c, str(tmp_path))
@@ -154,13 +154,5 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
     for r, s in zip(rows, (0, 1)):
         assert_rows_close([r], separate[s][1])
     assert results.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
-    c.grid.vmap_seeds = "sometimes"
-    with pytest.raises(ValueError, match="grid.vmap_seeds must be one of: auto, on, off"):
-        compare_main.run_grid(c, str(tmp_path))
-
-
-def test_pays_threshold():
-    quick = load("compare").get_config("quick").base
-    bench = load("benchmark")
-    assert multiseed.pays(quick)
-    assert not multiseed.pays(bench.get_config("T")) and not multiseed.pays(bench.get_config("R"))
+    assert load("compare").get_config("quick").grid.vmap_seeds is False  # the default: one by one
+    assert not compare_main.vmap_seeds(load("compare").get_config("quick"), points[0][2])

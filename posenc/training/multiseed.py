@@ -22,8 +22,11 @@ Seeds that resume from different steps (e.g. one was run alone and killed)
 train in groups of equal start step; a group of one runs ``loop.run``. One
 device only: several devices train with ``loop.run``'s data parallelism.
 
-Pays on a CPU where one small run cannot keep the cores busy (see
-docs/performance.md); it costs a compile per stack size.
+Speed (docs/performance.md): on 2 CPU cores only the smallest models
+(the quick grid's) step faster vmapped, by a few percent per step, not
+measurably per grid cell; larger ones step slower. It costs a compile per
+stack size. Long runs agree with their separate runs only as closely as
+float32 training trajectories do: rounding differences grow with the steps.
 """
 
 from __future__ import annotations
@@ -41,10 +44,6 @@ from posenc.model import Decoder
 from posenc.training import loop, optim, results
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
-
-
-# batch * length * d_model up to which vmapping the seeds paid on 2 CPU cores (docs/performance.md)
-PAYS_MAX_WORK = 32 * 16 * 64
 
 
 def _without_seed(config) -> str:
@@ -66,12 +65,6 @@ def _check(configs) -> None:
                              f"seed {int(c.train.seed)} differs from that of seed {seeds[0]} elsewhere")
     if sharding_lib.mesh_or_none(configs[0]) is not None:
         raise ValueError("run_seeds runs on one device; with several devices (mesh.data != 1) use loop.run")
-
-
-def pays(config) -> bool:
-    """Whether training ``config``'s seeds together is faster than one after another (measured, 2-core CPU)."""
-    work = int(config.train.batch_size) * int(config.task.train_length) * int(config.model.d_model)
-    return work <= PAYS_MAX_WORK
 
 
 def _stack(trees):
