@@ -136,6 +136,7 @@ def test_configs_must_differ_only_in_seed(tmp_path):
     other.train.learning_rate = 1e-2
     with pytest.raises(ValueError, match="differ only in train.seed"):
         multiseed.run_seeds([config(0), other], [str(tmp_path / "a"), str(tmp_path / "b")])
+    assert not os.path.exists(tmp_path / "a")  # refused before any workdir is claimed
     with pytest.raises(ValueError, match="distinct train.seed"):
         multiseed.run_seeds([config(0), config(0)], [str(tmp_path / "c"), str(tmp_path / "d")])
 

@@ -85,64 +85,58 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"got {len(configs)} configs and {len(workdirs)} workdirs")
+    _check(configs)  # before any workdir is claimed
     names = list(names) if names is not None else [None] * len(configs)
-    started = [loop.start_run(c, w, name=n) for c, w, n in zip(configs, workdirs, names)]
-    _check([s[0] for s in started])
-    out = [s[4] for s in started]  # complete runs: their rows
-    pending = [i for i, s in enumerate(started) if s[4] is None]
-    if not pending:
-        return out
-    config, task = started[pending[0]][0], started[pending[0]][1]
-    main = loop.is_main_process()
-    runs = []
-    for i in pending:
-        c = started[i][0]
-        model = Decoder(c.model, rngs=nnx.Rngs(int(c.train.seed)))
-        optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
-        graphdef, state = nnx.split((model, optimizer))
-        book = loop.RunLog(c, started[i][3], main=main)
-        runs.append(dict(index=i, model=model, optimizer=optimizer, state=book.restore(state), book=book))
+    out, runs, main = [], [], loop.is_main_process()
+    for i, (c, w, n) in enumerate(zip(configs, workdirs, names)):
+        c, task, h, w, done = loop.start_run(c, w, name=n)
+        out.append(done)  # complete runs: their rows
+        if done is None:
+            runs.append(dict(index=i, config=c, hash=h, workdir=w))
     by_start = {}
     for r in runs:
+        c = r["config"]
+        r["model"] = Decoder(c.model, rngs=nnx.Rngs(int(c.train.seed)))
+        r["optimizer"] = nnx.Optimizer(r["model"], optim.make_optimizer(c.train), wrt=nnx.Param)
+        graphdef, state = nnx.split((r["model"], r["optimizer"]))
+        r["book"] = loop.RunLog(c, r["workdir"], main=main)
+        r["state"] = r["book"].restore(state)
         by_start.setdefault(r["book"].start, []).append(r)
     for start, group in sorted(by_start.items()):
         if len(group) == 1:  # nothing to share: the plain loop
-            r = group[0]
+            r, i = group[0], group[0]["index"]
             r["book"].close()
-            i = r["index"]
             try:
                 out[i] = loop.run(configs[i], workdirs[i], name=names[i], max_steps_this_run=max_steps_this_run)
             except loop.NonFiniteError as e:
                 out[i] = e
             continue
-        _train_group(group, graphdef, task, config, start, max_steps_this_run, main, out)
+        _train_group(group, graphdef, task, start, max_steps_this_run, main, out)
         for r in group:
-            if out[r["index"]] is not None:  # diverged
-                continue
-            _, _, h, workdir, _ = started[r["index"]]
-            if r.get("train_seconds") is None:  # stopped early
+            if out[r["index"]] is not None or "train_seconds" not in r:  # diverged, or stopped early
                 continue
             nnx.update((r["model"], r["optimizer"]), r["state"])
             out[r["index"]] = loop.finish(
-                r["model"], task, started[r["index"]][0], workdir, h=h, name=names[r["index"]],
+                r["model"], task, r["config"], r["workdir"], h=r["hash"], name=names[r["index"]],
                 train_metrics=r["book"].last_metrics, train_seconds=r["train_seconds"],
                 seeds_trained_together=len(group))
     return out
 
 
-def _train_group(group, graphdef, task, config, start, max_steps_this_run, main, out) -> None:
+def _train_group(group, graphdef, task, start, max_steps_this_run, main, out) -> None:
     """Train the runs of ``group`` (equal start step) together; sets each run's final state."""
+    config = group[0]["config"]
     steps = int(config.train.steps)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
     log_every, ckpt_every = int(config.train.log_every), int(config.train.checkpoint_every)
     active = list(group)
     state = _stack([r.pop("state") for r in active])
-    roots = jnp.stack([loop.data_root(r["book"].config) for r in active])
+    roots = jnp.stack([loop.data_root(r["config"]) for r in active])
     train_step = step_lib.seeds_train_step_fn(task, config)
     bar = loop._progress(steps, start, main and bool(config.train.progress) and end > start)
     unchecked, t0 = [], time.time()
     logging.info("training seeds %s together (steps %d to %d)",
-                 [int(r["book"].config.train.seed) for r in active], start, end)
+                 [int(r["config"].train.seed) for r in active], start, end)
     try:
         for t in range(start, end):
             state, metrics = train_step(graphdef, state, roots, jnp.int32(t))
@@ -161,7 +155,7 @@ def _train_group(group, graphdef, task, config, start, max_steps_this_run, main,
                     r["book"].add([(k, {n: float(v[j]) for n, v in m.items()}) for k, m in fetched])
                     keep.append(j)
                 except loop.NonFiniteError as e:
-                    logging.warning("seed %d diverged: %s", int(r["book"].config.train.seed), e)
+                    logging.warning("seed %d diverged: %s", int(r["config"].train.seed), e)
                     out[r["index"]] = e
             if len(keep) < len(active):
                 if not keep:
