@@ -127,7 +127,8 @@ def _cope_jvp(causal, primals, tangents):
     q, k, e = primals
     dq, dk, de = tangents
     out, (gates, w, slope, i_lo, i_hi) = _forward(q, k, e, causal)
-    d_logits = (jnp.einsum("bqhd,bkhd->bhqk", dq, k) + jnp.einsum("bqhd,bkhd->bhqk", q, dk)) / math.sqrt(q.shape[-1])
+    d_logits = jnp.einsum("bqhd,bkhd->bhqk", dq, k) + jnp.einsum("bqhd,bkhd->bhqk", q, dk)
+    d_logits = d_logits / math.sqrt(q.shape[-1])
     d_pos = _reverse_cumsum(gates * (1.0 - gates) * d_logits)  # masked gates are 0: no term
     d_per_pos = jnp.einsum("bqhd,nd->bhqn", dq, e) + jnp.einsum("bqhd,nd->bhqn", q, de)
     d_out = _take(d_per_pos, i_hi) * w + _take(d_per_pos, i_lo) * (1.0 - w) + slope * d_pos
