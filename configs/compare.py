@@ -22,8 +22,9 @@ Args:
 Grid fields: `grid.tasks`, `grid.positions` (a position kind or a name in
 `variants`), `grid.placements`, `grid.norms`, `grid.seeds`, `grid.vmap_seeds`
 (True: the seeds of a grid cell train together in one `jax.vmap`-ed step on one
-device, posenc.training.multiseed; default False: one after another, which was as
-fast or faster on 2 CPU cores, see docs/performance.md). `variants` maps a
+device, posenc.training.multiseed; on 2 CPU cores 4-8% faster for the quick grid,
+slower for larger models, see docs/performance.md; default False: one after
+another, so results reproduce the separate runs' float32 rounding exactly). `variants` maps a
 name to `;`-separated `dotted.field=value` overrides of the base config,
 e.g. `rope_yarn: "model.position.kind=rope;model.position.scaling=yarn"`.
 Override anything of the base from the command line, e.g.

@@ -8,7 +8,9 @@ WORKDIR/results.jsonl holds every row (with ``variant`` and ``run``),
 WORKDIR/table.md the mean ± std over seeds per eval length, and
 WORKDIR/plots/<task>_<metric>.png the metric vs eval length. A run whose
 loss becomes NaN / Inf is recorded as diverged (metrics null,
-``diverged_at_step``) and the grid goes on.
+``diverged_at_step``) and the grid goes on. With ``--config.grid.vmap_seeds=True``
+the seeds of a grid point train together in one vmapped step
+(posenc.training.multiseed; the same per-run files and rows).
 
 Several devices are used through ``config.base.mesh`` (docs/multidevice.md);
 several hosts with ``--distributed`` on every host (only process 0 writes

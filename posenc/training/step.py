@@ -11,7 +11,8 @@ settings, mesh): runs in one process with equal shapes reuse the compiled step.
 With a ``mesh`` (several devices, :mod:`posenc.training.sharding`) the
 generated batch and positions are constrained to ``P("data")`` and the new
 state to the shardings it came in with; without one the step is exactly
-the single-device step.
+the single-device step. ``seeds_train_step_fn`` is the same step
+``jax.vmap``-ed over the stacked states of several seeds (one device).
 
 Losses (masked to answer tokens, ``m``):
   loss = sum(m * CE(logits, targets)) / sum(m)
