@@ -147,6 +147,8 @@ def worker_four(out):
             loop.run(c, os.path.join(out, f"bad_{field}"))
         except ValueError as e:
             errors[field] = str(e)
+        # refused before claiming the workdir
+        errors[field + "_config_written"] = os.path.exists(os.path.join(out, f"bad_{field}", "config.json"))
     report["errors"] = errors
     with open(os.path.join(out, "four.json"), "w") as f:
         json.dump(report, f)
@@ -262,6 +264,7 @@ def test_batch_size_not_divisible_by_devices_is_an_error(runs):
     _, four, _ = runs
     assert "train.batch_size=6 is not divisible by the 4 data-parallel devices" in four["errors"]["train"]
     assert "eval.batch_size=6 is not divisible by the 4 data-parallel devices" in four["errors"]["eval"]
+    assert not four["errors"]["train_config_written"] and not four["errors"]["eval_config_written"]
 
 
 @pytest.mark.skipif(os.environ.get("POSENC_TEST_MULTIPROCESS") != "1",

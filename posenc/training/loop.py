@@ -313,10 +313,11 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     as if the process had been killed; the next call resumes. Returns the
     results rows, or None if stopped before the end.
     """
-    config, task, h, workdir, done = start_run(config, workdir, name=name)
+    # batch sizes that do not split over the devices fail before the workdir is claimed
     mesh, fsdp = sharding_lib.mesh_or_none(config), sharding_lib.fsdp_enabled(config)
     sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
     sharding_lib.check_batch_size(int(config.eval.batch_size), mesh, name="eval.batch_size")
+    config, task, h, workdir, done = start_run(config, workdir, name=name)
     if done is not None:
         return done
     main = is_main_process()
