@@ -103,6 +103,9 @@ def test_deterministic_from_seed(tiny):
     other.train.seed = 1
     _, h3 = train(other, 6)
     assert [m["loss"] for m in h3] != [m["loss"] for m in h1]
+    # three models of one shape (two seeds), each its own graphdef object: one jitted step
+    config, task = loop.prepare_config(tiny)
+    assert step_lib.train_step_fn(task, config)._cache_size() == 1
 
 
 def test_z_loss_is_added(tiny):
