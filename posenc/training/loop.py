@@ -306,6 +306,11 @@ class RunLog:
         self.ckpt.close()
 
 
+def boundaries(s: int, *, steps: int, end: int, log_every: int, ckpt_every: int) -> tuple[bool, bool]:
+    """Whether step ``s`` (1-based) logs and whether it checkpoints (always the last step and ``end``)."""
+    return (s % log_every == 0 or s == steps), (s % ckpt_every == 0 or s == steps or s == end)
+
+
 def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
     """Train, checkpoint, evaluate and write results for ``config`` in ``workdir``.
 
@@ -347,8 +352,8 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
             state, metrics = train_step(graphdef, state, key)
             s = t + 1
             unchecked.append((s, metrics))
-            is_log = s % log_every == 0 or s == steps
-            is_ckpt = s % ckpt_every == 0 or s == steps or s == end
+            is_log, is_ckpt = boundaries(s, steps=steps, end=end, log_every=log_every,
+                                         ckpt_every=ckpt_every)
             if not (is_log or is_ckpt):
                 continue
             book.add([(k, host_metrics(m)) for k, m in unchecked])

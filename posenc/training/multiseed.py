@@ -144,8 +144,8 @@ def _train_group(group, graphdef, task, start, max_steps_this_run, main, out) ->
             state, metrics = train_step(graphdef, state, roots, jnp.int32(t))
             s = t + 1
             unchecked.append((s, metrics))
-            is_log = s % log_every == 0 or s == steps
-            is_ckpt = s % ckpt_every == 0 or s == steps or s == end
+            is_log, is_ckpt = loop.boundaries(s, steps=steps, end=end, log_every=log_every,
+                                              ckpt_every=ckpt_every)
             if not (is_log or is_ckpt):
                 continue
             fetched = jax.device_get(unchecked)
