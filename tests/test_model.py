@@ -192,6 +192,7 @@ BAD = [
     (dict(mlp="relu"), "unknown mlp 'relu'; choose one of: gelu, swiglu"),
     (dict(dtype="float16"), "unknown dtype 'float16'; choose one of: float32, bfloat16"),
     (dict(attention_impl="flash"), "unknown attention_impl 'flash'"),
+    (dict(attention_causal_block=-8), r"attention_causal_block must be an integer >= 0 \(0 = off\); got -8"),
     (dict(d_model=30), "d_model 30 is not divisible by num_heads 4"),
     (dict(num_kv_heads=3), "num_heads 4 is not divisible by num_kv_heads 3"),
     (dict(head_dim=6, position=dict(rotary_fraction=0.5)), "rotary dim .* = 3 must be even"),
