@@ -1,10 +1,27 @@
 """RoPE inverse frequencies with context-extension scaling.
 
-One function, :func:`frequencies`, returns ``(inv_freq, attention_factor)``
-for every kind in :data:`KINDS`: RoPE (Su et al. 2021), position
-interpolation (Chen et al. 2023), NTK-aware and dynamic NTK (bloc97,
-emozilla 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024) and
-Llama 3.1 (Dubey et al. 2024). ``posenc.rope`` re-exports it.
+One public function per scaling kind, each taking exactly its keywords:
+:func:`default` (Su et al. 2021), :func:`linear` (position interpolation,
+Chen et al. 2023), :func:`ntk` and :func:`dynamic` (NTK-aware and dynamic
+NTK, bloc97, emozilla 2023), :func:`yarn` and :func:`dynamic_yarn` (Peng et
+al. 2023), :func:`longrope` (Ding et al. 2024) and :func:`llama3` (Dubey et
+al. 2024). Each returns ``(inv_freq, attention_factor)``.
+:func:`frequencies` dispatches to them by kind name; ``posenc.rope``
+re-exports it.
+
+Facts a caller (e.g. the model's config validation) derives its rules from,
+all read off the per-kind signatures so they cannot drift apart:
+
+- :data:`KEYWORDS`: kind -> the keywords of ``frequencies`` that kind uses;
+- :data:`NEEDS_ORIGINAL_LENGTH`: kinds that raise without ``original_length``;
+- :data:`DEPENDS_ON_SEQ_LEN`: kinds whose result depends on the current
+  length ``seq_len`` (the largest position + 1, cached keys included; HF's
+  ``max(position_ids) + 1``): "dynamic" and "dynamic_yarn" change
+  continuously once seq_len > original_length, "longrope" switches from
+  ``short_factor`` to ``long_factor`` at seq_len > original_length (as
+  HF's ``longrope_frequency_update``). Up to original_length all three give
+  what they give at initialisation. A decoder with a KV cache must decide
+  what keys rotated under the other frequencies mean (HF keeps them).
 
 The arithmetic mirrors HuggingFace transformers ``modeling_rope_utils``
 (``_compute_*_parameters``): scalars HF computes as Python floats (the NTK
@@ -13,8 +30,9 @@ here too, and what HF holds in float32 tensors (``arange / d``, ``base **
 exponent``, the YaRN ramp and mix, the Llama 3 wavelengths and smoothing)
 is float32 here, in the same order of operations. Concrete values are
 computed on the host (a correctly rounded float32 ``pow``, like torch's
-to within an ulp; XLA's float32 ``pow`` loses ~ln(base) ulps); a jax-array ``seq_len`` switches the parts
-that depend on it to float32 jnp so it can be traced.
+to within an ulp; XLA's float32 ``pow`` loses ~ln(base) ulps); a jax-array
+``seq_len`` switches the parts that depend on it to float32 jnp so it can
+be traced.
 
 Convention: :func:`posenc.rope.apply` multiplies cos and sin by
 ``attention_factor``, so attention logits scale by ``attention_factor ** 2``.
@@ -24,6 +42,7 @@ Shapes: ``inv_freq`` is float32 ``[rotary_dim // 2]``.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 
@@ -31,13 +50,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
+from posenc import checks
 
-# Kinds whose result depends on the current sequence length.
-_NEEDS_SEQ_LEN = ("dynamic", "dynamic_yarn", "longrope")
-_NEEDS_ORIGINAL = ("dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
-# Kinds that compute an attention factor (and so accept an explicit one).
-_HAS_ATTENTION_FACTOR = ("yarn", "dynamic_yarn", "longrope")
+KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
 
 
 def _is_real(value) -> bool:
@@ -188,6 +203,219 @@ def _check_factors(name: str, values, half: int) -> jax.Array:
     return arr.astype(_F32)
 
 
+def _check_factor(factor) -> float:
+    if not _is_real(factor) or not math.isfinite(factor) or factor < 1:
+        raise ValueError(f"factor must be a number >= 1; got {factor!r}")
+    return float(factor)
+
+
+def _check_base(kind: str, base) -> float:
+    base = _check_positive("base", base)
+    if kind in ("yarn", "dynamic_yarn") and base == 1.0:
+        raise ValueError(f"base must be a positive number other than 1 for kind {kind!r}; got {base!r}")
+    return base
+
+
+def _check_original_length(kind: str, original_length):
+    if original_length is None:
+        raise ValueError(f"kind {kind!r} needs original_length (the training context length); got None")
+    original_length = _check_positive("original_length", original_length)
+    return int(original_length) if original_length == int(original_length) else original_length
+
+
+def _check_attention_factor(attention_factor):
+    return None if attention_factor is None else _check_positive("attention_factor", attention_factor)
+
+
+def _current_length(kind: str, seq_len, original_length):
+    # No seq_len (e.g. at initialisation): the original length, as in HF,
+    # i.e. default frequencies (dynamic), factor 1 (dynamic_yarn) and the
+    # short factors (longrope).
+    return original_length if seq_len is None else _seq_len_value(kind, seq_len)
+
+
+def _result(inv_freq, attention_factor):
+    return jnp.asarray(inv_freq, dtype=jnp.float32), attention_factor
+
+
+# ---------------------------------------------------------------------------
+# One function per kind. Notation: d = rotary_dim, i = 0..d/2-1, s = factor,
+# L = original_length, n = seq_len, inv_i = 1 / base^(2i/d).
+# ---------------------------------------------------------------------------
+
+
+def default(rotary_dim, *, base=10000.0):
+    """RoPE (Su et al. 2021, RoFormer): inv_i = 1 / base^(2i/d); attention factor 1."""
+    d = _check_rotary_dim("default", rotary_dim)
+    return _result(_default_inv_freq(_check_base("default", base), d), 1.0)
+
+
+def linear(rotary_dim, *, base=10000.0, factor=1.0):
+    """Position interpolation (Chen et al. 2023): inv_i / s; attention factor 1."""
+    d = _check_rotary_dim("linear", rotary_dim)
+    base, factor = _check_base("linear", base), _check_factor(factor)
+    return _result(_default_inv_freq(base, d) / _F32(factor), 1.0)
+
+
+def ntk(rotary_dim, *, base=10000.0, factor=1.0):
+    """NTK-aware scaling (bloc97 2023): base' = base * s^(d/(d-2)); attention factor 1."""
+    d = _check_rotary_dim("ntk", rotary_dim)
+    base, factor = _check_base("ntk", base), _check_factor(factor)
+    return _result(_default_inv_freq(base * factor ** (d / (d - 2)), d), 1.0)
+
+
+def dynamic(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, seq_len=None):
+    """Dynamic NTK (emozilla 2023): base' = base * (s n'/L - (s - 1))^(d/(d-2)), n' = max(n, L).
+
+    Default frequencies while n <= L. Keys already in a KV cache keep the
+    rotation of the base they were written with (as in HF); the decoder
+    decides how to handle that. `seq_len` may be a traced integer scalar.
+    """
+    d = _check_rotary_dim("dynamic", rotary_dim)
+    base, factor = _check_base("dynamic", base), _check_factor(factor)
+    original_length = _check_original_length("dynamic", original_length)
+    n = _current_length("dynamic", seq_len, original_length)
+    if isinstance(n, jax.Array):
+        return _result(_dynamic_inv_freq_traced(base, factor, original_length, n, d), 1.0)
+    n = max(n, original_length)  # n <= L: default frequencies
+    new_base = base * ((factor * n / original_length) - (factor - 1)) ** (d / (d - 2))
+    return _result(_default_inv_freq(new_base, d), 1.0)
+
+
+def _check_yarn_options(beta_fast, beta_slow, mscale, mscale_all_dim, truncate):
+    beta_fast = _check_positive("beta_fast", beta_fast)
+    beta_slow = _check_positive("beta_slow", beta_slow)
+    if beta_fast < beta_slow:
+        raise ValueError(
+            f"beta_fast must be >= beta_slow; got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}"
+        )
+    for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+        if value is not None and (not _is_real(value) or not math.isfinite(value)):
+            raise ValueError(f"{name} must be None or a finite number; got {value!r}")
+    return beta_fast, beta_slow, bool(truncate)
+
+
+def yarn(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, beta_fast=32.0,
+         beta_slow=1.0, mscale=None, mscale_all_dim=None, truncate=True, attention_factor=None):
+    """YaRN "NTK-by-parts" (Peng et al. 2023) with its attention factor.
+
+    A ramp between inv_i / s (low frequencies) and inv_i (high frequencies)
+    over the pair range [low, high] given by corr(r) = d ln(L / (2 pi r)) /
+    (2 ln base) at r = beta_fast, beta_slow (floor / ceil when `truncate`).
+    Attention factor: 0.1 ln s + 1 (1 when s <= 1), or m(s, mscale) /
+    m(s, mscale_all_dim) with m(s, k) = 0.1 k ln s + 1 when both are set and
+    non-zero (HF rule; one alone is ignored); an explicit `attention_factor`
+    overrides both.
+    """
+    d = _check_rotary_dim("yarn", rotary_dim)
+    base, factor = _check_base("yarn", base), _check_factor(factor)
+    attention_factor = _check_attention_factor(attention_factor)
+    original_length = _check_original_length("yarn", original_length)
+    beta_fast, beta_slow, truncate = _check_yarn_options(beta_fast, beta_slow, mscale,
+                                                         mscale_all_dim, truncate)
+    inv_freq = _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate)
+    if attention_factor is None:
+        attention_factor = float(_yarn_attention_factor(factor, mscale, mscale_all_dim))
+    return _result(inv_freq, attention_factor)
+
+
+def dynamic_yarn(rotary_dim, *, base=10000.0, original_length=None, seq_len=None, beta_fast=32.0,
+                 beta_slow=1.0, mscale=None, mscale_all_dim=None, truncate=True,
+                 attention_factor=None):
+    """:func:`yarn` with s = max(1, n / L) recomputed from the current length n.
+
+    There is no `factor`: it is derived. With a jax-array `seq_len` and no
+    explicit `attention_factor`, the attention factor is a float32 jnp
+    scalar; otherwise a Python float.
+    """
+    d = _check_rotary_dim("dynamic_yarn", rotary_dim)
+    base = _check_base("dynamic_yarn", base)
+    attention_factor = _check_attention_factor(attention_factor)
+    original_length = _check_original_length("dynamic_yarn", original_length)
+    n = _current_length("dynamic_yarn", seq_len, original_length)
+    beta_fast, beta_slow, truncate = _check_yarn_options(beta_fast, beta_slow, mscale,
+                                                         mscale_all_dim, truncate)
+    if isinstance(n, jax.Array):
+        factor = jnp.maximum(1.0, n.astype(jnp.float32) / original_length)
+    else:
+        factor = max(1.0, n / original_length)
+    inv_freq = _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate)
+    if attention_factor is None:
+        attention_factor = _yarn_attention_factor(factor, mscale, mscale_all_dim)
+        if not isinstance(attention_factor, jax.Array):
+            attention_factor = float(attention_factor)
+    return _result(inv_freq, attention_factor)
+
+
+def longrope(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, seq_len=None,
+             short_factor=None, long_factor=None, attention_factor=None):
+    """LongRoPE (Ding et al. 2024, Phi-3): inv_i / lambda_i, per-pair rescale factors.
+
+    lambda = long_factor when n > L, else short_factor (d/2 entries each).
+    `factor` is max_position_embeddings / original_max_position_embeddings
+    and only gives the attention factor sqrt(1 + ln s / ln L) (1 when
+    s <= 1), unless `attention_factor` is given.
+    """
+    d = _check_rotary_dim("longrope", rotary_dim)
+    base, factor = _check_base("longrope", base), _check_factor(factor)
+    attention_factor = _check_attention_factor(attention_factor)
+    original_length = _check_original_length("longrope", original_length)
+    n = _current_length("longrope", seq_len, original_length)
+    half = d // 2
+    short = _check_factors("short_factor", short_factor, half)
+    long = _check_factors("long_factor", long_factor, half)
+    if attention_factor is None:
+        if factor <= 1.0:
+            attention_factor = 1.0
+        elif original_length <= 1:
+            raise ValueError(f"original_length must be > 1 for kind 'longrope'; got {original_length!r}")
+        else:
+            attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_length))
+    shape = _powf(base, _exponents(d))
+    inv_short, inv_long = _F32(1.0) / (short * shape), _F32(1.0) / (long * shape)
+    if isinstance(n, jax.Array):
+        return _result(jnp.where(n > original_length, inv_long, inv_short), float(attention_factor))
+    return _result(inv_long if n > original_length else inv_short, float(attention_factor))
+
+
+def llama3(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, low_freq_factor=1.0,
+           high_freq_factor=4.0):
+    """Llama 3.1 (Dubey et al. 2024): per-band scaling by wavelength w_i = 2 pi / inv_i.
+
+    inv_i / s where w_i > L / low_freq_factor, inv_i where w_i < L /
+    high_freq_factor, and in between (1 - t) inv_i / s + t inv_i with
+    t = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+    Attention factor 1.
+    """
+    d = _check_rotary_dim("llama3", rotary_dim)
+    base, factor = _check_base("llama3", base), _check_factor(factor)
+    original_length = _check_original_length("llama3", original_length)
+    low_freq_factor = _check_positive("low_freq_factor", low_freq_factor)
+    high_freq_factor = _check_positive("high_freq_factor", high_freq_factor)
+    if low_freq_factor >= high_freq_factor:
+        raise ValueError(
+            "low_freq_factor must be < high_freq_factor; got "
+            f"low_freq_factor={low_freq_factor!r}, high_freq_factor={high_freq_factor!r}"
+        )
+    return _result(_llama3_inv_freq(d, base, factor, original_length, low_freq_factor,
+                                    high_freq_factor), 1.0)
+
+
+SCALINGS = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn,
+            "dynamic_yarn": dynamic_yarn, "longrope": longrope, "llama3": llama3}
+
+
+def _keywords(fn) -> tuple[str, ...]:
+    return tuple(p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+# kind -> the keywords it takes (those of its function above).
+KEYWORDS = {kind: _keywords(SCALINGS[kind]) for kind in KINDS}
+NEEDS_ORIGINAL_LENGTH = tuple(k for k in KINDS if "original_length" in KEYWORDS[k])
+DEPENDS_ON_SEQ_LEN = tuple(k for k in KINDS if "seq_len" in KEYWORDS[k])
+
+
 def frequencies(
     kind,
     rotary_dim,
@@ -209,149 +437,52 @@ def frequencies(
 ):
     """RoPE inverse frequencies and attention factor for one scaling kind.
 
-    Notation: d = rotary_dim, i = 0..d/2-1, s = factor, L = original_length,
-    n = seq_len, inv_i = 1 / base^(2i/d).
+    Calls the function of that kind (:data:`SCALINGS`; formulas in their
+    docstrings) with the keywords it takes (:data:`KEYWORDS`). A keyword
+    counts as given when its value differs from its default here (``None``,
+    or the number / bool shown); a given keyword the kind does not use
+    raises ValueError naming the keywords the kind takes. So a caller may
+    forward a full set of keywords whose unused ones sit at their defaults,
+    but ``frequencies("linear", d, original_length=4096)`` is refused rather
+    than silently ignored.
 
-    - "default" (Su et al. 2021, RoFormer): inv_i; factor 1.
-    - "linear" (Chen et al. 2023, position interpolation): inv_i / s.
-    - "ntk" (bloc97 2023, NTK-aware): base' = base * s^(d/(d-2)).
-    - "dynamic" (emozilla 2023, dynamic NTK): with n' = max(n, L),
-      base' = base * (s n'/L - (s - 1))^(d/(d-2)); default freqs when n <= L.
-      Keys already in a KV cache keep the rotation of the base they were
-      written with (as in HF); the decoder decides how to handle that.
-    - "yarn" (Peng et al. 2023): ramp between inv_i / s (low frequencies) and
-      inv_i (high frequencies) over the pair range [low, high] given by
-      corr(r) = d ln(L / (2 pi r)) / (2 ln base) at r = beta_fast, beta_slow
-      (floor/ceil when `truncate`); attention factor 0.1 ln s + 1, or
-      m(s, mscale) / m(s, mscale_all_dim) with m(s, k) = 0.1 k ln s + 1 when
-      both are set and non-zero (HF rule; one alone is ignored).
-    - "dynamic_yarn": "yarn" with s = max(1, n / L) recomputed from the
-      current length n; `factor` must stay 1.0 (it is derived).
-    - "longrope" (Ding et al. 2024, Phi-3): inv_i / lambda_i with lambda =
-      long_factor when n > L, else short_factor (each d/2 entries); `factor`
-      is max_position_embeddings / original_max_position_embeddings and
-      gives the attention factor sqrt(1 + ln s / ln L) (1 when s <= 1).
-    - "llama3" (Llama 3.1, Dubey et al. 2024): wavelength w_i = 2 pi / inv_i;
-      inv_i / s where w_i > L / low_freq_factor, inv_i where w_i < L /
-      high_freq_factor, and in between (1 - t) inv_i / s + t inv_i with
-      t = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
-
-    `attention_factor`, when given, overrides the computed one (yarn,
-    dynamic_yarn, longrope only; other kinds have factor 1 and reject it).
-    Other keywords a kind does not use are ignored.
-
-    `seq_len` (dynamic, dynamic_yarn, longrope) defaults to `original_length`,
-    as in HF. It may be a Python int or an integer jax scalar (e.g. traced under
-    `jit` in a decoder). With a jax scalar, inv_freq is computed from it in
-    float32 and, for "dynamic_yarn" without an explicit attention_factor,
-    the attention factor is returned as a float32 jnp scalar; otherwise it
-    is a Python float.
+    `seq_len` (kinds in :data:`DEPENDS_ON_SEQ_LEN`) defaults to
+    `original_length`, as in HF. It may be a Python int or an integer jax
+    scalar (e.g. traced under `jit` in a decoder).
 
     Returns:
-      (inv_freq float32 [rotary_dim // 2], attention_factor).
+      (inv_freq float32 [rotary_dim // 2], attention_factor): a Python float,
+      or a float32 jnp scalar for "dynamic_yarn" with a jax-array seq_len.
     """
     if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
-    d = _check_rotary_dim(kind, rotary_dim)
-    base = _check_positive("base", base)
-    if kind in ("yarn", "dynamic_yarn") and base == 1.0:
-        raise ValueError(f"base must be a positive number other than 1 for kind {kind!r}; got {base!r}")
-    if not _is_real(factor) or not math.isfinite(factor) or factor < 1:
-        raise ValueError(f"factor must be a number >= 1; got {factor!r}")
-    factor = float(factor)
-    if kind in ("default", "dynamic_yarn") and factor != 1.0:
-        why = "is not used by" if kind == "default" else "is derived from seq_len in"
-        raise ValueError(f"factor {why} kind {kind!r}; leave it at 1.0, got {factor!r}")
-    if attention_factor is not None:
-        if kind not in _HAS_ATTENTION_FACTOR:
-            raise ValueError(
-                f"attention_factor applies only to kinds {', '.join(_HAS_ATTENTION_FACTOR)}; "
-                f"got attention_factor={attention_factor!r} with kind {kind!r}"
-            )
-        attention_factor = _check_positive("attention_factor", attention_factor)
-    if kind in _NEEDS_ORIGINAL:
-        if original_length is None:
-            raise ValueError(f"kind {kind!r} needs original_length (the training context length); got None")
-        original_length = _check_positive("original_length", original_length)
-        if original_length == int(original_length):
-            original_length = int(original_length)
-    if kind in _NEEDS_SEQ_LEN:
-        # No seq_len (e.g. at initialisation): the original length, as in HF,
-        # i.e. default frequencies (dynamic), factor 1 (dynamic_yarn) and the
-        # short factors (longrope).
-        seq_len = original_length if seq_len is None else _seq_len_value(kind, seq_len)
-
-    inv_freq, attention_factor = _compute(
-        kind, d, base, factor, original_length, seq_len, beta_fast, beta_slow, mscale,
-        mscale_all_dim, truncate, short_factor, long_factor, low_freq_factor, high_freq_factor,
-        attention_factor,
+    values = dict(
+        base=base, factor=factor, original_length=original_length, seq_len=seq_len,
+        beta_fast=beta_fast, beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
+        truncate=truncate, short_factor=short_factor, long_factor=long_factor,
+        low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+        attention_factor=attention_factor,
     )
-    return jnp.asarray(inv_freq, dtype=jnp.float32), attention_factor
+    given = {k: v for k, v in values.items() if not _is_default(v, _DEFAULTS[k])}
+    try:
+        checks.no_extra(f"frequencies({kind!r})", given, allowed=KEYWORDS[kind])
+    except ValueError as e:
+        if kind == "dynamic_yarn" and "factor" in given:
+            raise ValueError(f"{e} (factor is derived there: max(1, seq_len / original_length))") from None
+        raise
+    return SCALINGS[kind](rotary_dim, **{k: values[k] for k in KEYWORDS[kind]})
 
 
-def _compute(kind, d, base, factor, original_length, seq_len, beta_fast, beta_slow, mscale,
-             mscale_all_dim, truncate, short_factor, long_factor, low_freq_factor,
-             high_freq_factor, attention_factor):
-    """Per-kind arithmetic, after the shared checks in `frequencies`."""
-    traced = isinstance(seq_len, jax.Array)
-    if kind == "default":
-        return _default_inv_freq(base, d), 1.0
-    if kind == "linear":
-        return _default_inv_freq(base, d) / _F32(factor), 1.0
-    if kind == "ntk":
-        return _default_inv_freq(base * factor ** (d / (d - 2)), d), 1.0
-    if kind == "dynamic":
-        if traced:
-            return _dynamic_inv_freq_traced(base, factor, original_length, seq_len, d), 1.0
-        n = max(seq_len, original_length)  # n <= L: default frequencies
-        new_base = base * ((factor * n / original_length) - (factor - 1)) ** (d / (d - 2))
-        return _default_inv_freq(new_base, d), 1.0
+_DEFAULTS = {name: p.default for name, p in inspect.signature(frequencies).parameters.items()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
-    if kind in ("yarn", "dynamic_yarn"):
-        beta_fast = _check_positive("beta_fast", beta_fast)
-        beta_slow = _check_positive("beta_slow", beta_slow)
-        if beta_fast < beta_slow:
-            raise ValueError(
-                f"beta_fast must be >= beta_slow; got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}"
-            )
-        for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
-            if value is not None and (not _is_real(value) or not math.isfinite(value)):
-                raise ValueError(f"{name} must be None or a finite number; got {value!r}")
-        if kind == "dynamic_yarn":
-            if traced:
-                factor = jnp.maximum(1.0, seq_len.astype(jnp.float32) / original_length)
-            else:
-                factor = max(1.0, seq_len / original_length)
-        inv_freq = _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, bool(truncate))
-        if attention_factor is None:
-            attention_factor = _yarn_attention_factor(factor, mscale, mscale_all_dim)
-            if not isinstance(attention_factor, jax.Array):
-                attention_factor = float(attention_factor)
-        return inv_freq, attention_factor
 
-    if kind == "longrope":
-        half = d // 2
-        short = _check_factors("short_factor", short_factor, half)
-        long = _check_factors("long_factor", long_factor, half)
-        if attention_factor is None:
-            if factor <= 1.0:
-                attention_factor = 1.0
-            elif original_length <= 1:
-                raise ValueError(f"original_length must be > 1 for kind 'longrope'; got {original_length!r}")
-            else:
-                attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_length))
-        shape = _powf(base, _exponents(d))
-        inv_short, inv_long = _F32(1.0) / (short * shape), _F32(1.0) / (long * shape)
-        if traced:
-            return jnp.where(seq_len > original_length, inv_long, inv_short), float(attention_factor)
-        return (inv_long if seq_len > original_length else inv_short), float(attention_factor)
-
-    # llama3
-    low_freq_factor = _check_positive("low_freq_factor", low_freq_factor)
-    high_freq_factor = _check_positive("high_freq_factor", high_freq_factor)
-    if low_freq_factor >= high_freq_factor:
-        raise ValueError(
-            "low_freq_factor must be < high_freq_factor; got "
-            f"low_freq_factor={low_freq_factor!r}, high_freq_factor={high_freq_factor!r}"
-        )
-    return _llama3_inv_freq(d, base, factor, original_length, low_freq_factor, high_freq_factor), 1.0
+def _is_default(value, default) -> bool:
+    """True when `value` is the default of its keyword (by value, not identity)."""
+    if default is None:
+        return value is None
+    if isinstance(default, bool):
+        return isinstance(value, (bool, np.bool_)) and bool(value) == default
+    if isinstance(default, str):
+        return isinstance(value, str) and value == default
+    return _is_real(value) and value == default

@@ -2,6 +2,7 @@
 of HuggingFace transformers' modeling_rope_utils, jit with a traced seq_len,
 and every validation error."""
 
+import inspect
 import math
 import re
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc import rope
+from posenc import rope, rope_scaling
 
 # ---------------------------------------------------------------------------
 # Independent NumPy float64 reference, transcribed from the HF formulas
@@ -271,7 +272,8 @@ def test_parity_llama3(d, base, s, L, ab):
 @pytest.mark.parametrize("kind", ["linear", "ntk", "yarn", "llama3"])
 def test_factor_one_gives_default(kind):
     default, _ = freqs("default", 32)
-    inv, af = freqs(kind, 32, factor=1.0, original_length=512)
+    kw = dict(original_length=512) if kind in rope_scaling.NEEDS_ORIGINAL_LENGTH else {}
+    inv, af = freqs(kind, 32, factor=1.0, **kw)
     np.testing.assert_allclose(inv, default, rtol=1e-6)
     assert af == 1.0
 
@@ -333,28 +335,38 @@ def test_bad_rotary_dim(d):
 
 @pytest.mark.parametrize("kind", ["ntk", "dynamic"])
 def test_ntk_needs_rotary_dim_at_least_4(kind):
+    kw = dict(original_length=16, seq_len=32) if kind == "dynamic" else {}
     raises(f"rotary_dim must be an even integer >= 4 for kind {kind!r}; got 2", kind, 2,
-           factor=2.0, original_length=16, seq_len=32)
+           factor=2.0, **kw)
+
+
+# Every keyword with a non-default value, for kinds that take it.
+FULL = dict(original_length=16, seq_len=8, short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+
+
+def own(kind, **kw):
+    """The entries of `kw` that `kind` takes (the strict API refuses the others)."""
+    return {k: v for k, v in kw.items() if k in rope_scaling.KEYWORDS[kind]}
 
 
 @pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn", "llama3", "longrope"])
 def test_factor_below_one(kind):
-    raises("factor must be a number >= 1; got 0.5", kind, 8, factor=0.5,
-           original_length=16, seq_len=8, short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+    raises("factor must be a number >= 1; got 0.5", kind, 8, factor=0.5, **own(kind, **FULL))
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "yarn", "dynamic_yarn", "longrope", "llama3"])
 def test_missing_original_length(kind):
-    raises(f"kind {kind!r} needs original_length", kind, 8, factor=1.0, seq_len=8,
-           short_factor=[1.0] * 4, long_factor=[1.0] * 4)
+    kw = own(kind, **FULL)
+    del kw["original_length"]
+    raises(f"kind {kind!r} needs original_length", kind, 8, **kw)
+    assert kind in rope_scaling.NEEDS_ORIGINAL_LENGTH
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "dynamic_yarn", "longrope"])
 def test_missing_seq_len_means_the_original_length(kind):
     # As in HF: no seq_len (initialisation) behaves like seq_len = original_length.
-    kw = dict(original_length=16, short_factor=[1.0, 2.0, 3.0, 4.0], long_factor=[5.0, 6.0, 7.0, 8.0])
-    if kind == "dynamic":
-        kw["factor"] = 4.0
+    kw = own(kind, original_length=16, short_factor=[1.0, 2.0, 3.0, 4.0],
+             long_factor=[5.0, 6.0, 7.0, 8.0], factor=4.0 if kind == "dynamic" else 1.0)
     missing = rope.frequencies(kind, 8, **kw)
     at_original = rope.frequencies(kind, 8, seq_len=16, **kw)
     longer = rope.frequencies(kind, 8, seq_len=64, **kw)
@@ -404,14 +416,143 @@ def test_yarn_betas():
 
 
 def test_attention_factor_only_where_used():
-    raises("attention_factor applies only to kinds yarn, dynamic_yarn, longrope; "
-           "got attention_factor=2.0 with kind 'linear'", "linear", 8, factor=2.0,
-           attention_factor=2.0)
+    raises("frequencies('linear') does not use attention_factor; it takes: base, factor",
+           "linear", 8, factor=2.0, attention_factor=2.0)
     raises("attention_factor must be a positive number; got -1.0", "yarn", 8, factor=2.0,
            original_length=16, attention_factor=-1.0)
 
 
-@pytest.mark.parametrize("kind", ["default", "dynamic_yarn"])
-def test_factor_rejected_where_unused(kind):
-    raises(f"kind {kind!r}; leave it at 1.0, got 4.0", kind, 8, factor=4.0,
-           original_length=16, seq_len=32)
+def test_factor_rejected_where_unused():
+    raises("frequencies('default') does not use factor; it takes: base", "default", 8, factor=4.0)
+    raises("frequencies('dynamic_yarn') does not use factor; it takes: base, original_length, "
+           "seq_len, beta_fast", "dynamic_yarn", 8, factor=4.0, original_length=16, seq_len=32)
+    raises("(factor is derived there: max(1, seq_len / original_length))", "dynamic_yarn", 8,
+           factor=4.0, original_length=16)
+
+
+# ---------------------------------------------------------------------------
+# Strict API: each kind takes exactly its keywords; the tables the model
+# layer derives its validation from.
+# ---------------------------------------------------------------------------
+
+EXPECTED_KEYWORDS = {
+    "default": ("base",),
+    "linear": ("base", "factor"),
+    "ntk": ("base", "factor"),
+    "dynamic": ("base", "factor", "original_length", "seq_len"),
+    "yarn": ("base", "factor", "original_length", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "truncate", "attention_factor"),
+    "dynamic_yarn": ("base", "original_length", "seq_len", "beta_fast", "beta_slow", "mscale",
+                     "mscale_all_dim", "truncate", "attention_factor"),
+    "longrope": ("base", "factor", "original_length", "seq_len", "short_factor", "long_factor",
+                 "attention_factor"),
+    "llama3": ("base", "factor", "original_length", "low_freq_factor", "high_freq_factor"),
+}
+
+# A valid non-default value for every keyword of `frequencies` (d = 8).
+NON_DEFAULT = dict(base=500.0, factor=2.0, original_length=64, seq_len=100, beta_fast=16.0,
+                   beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5, truncate=False,
+                   short_factor=[1.0, 1.0, 1.5, 2.0], long_factor=[1.0, 2.0, 3.0, 4.0],
+                   low_freq_factor=2.0, high_freq_factor=8.0, attention_factor=1.5)
+
+
+def test_keyword_tables():
+    assert {k: rope_scaling.KEYWORDS[k] for k in EXPECTED_KEYWORDS} == EXPECTED_KEYWORDS
+    assert set(rope_scaling.KEYWORDS) == set(rope.KINDS) == set(rope_scaling.SCALINGS)
+    assert rope_scaling.NEEDS_ORIGINAL_LENGTH == ("dynamic", "yarn", "dynamic_yarn", "longrope",
+                                                  "llama3")
+    assert rope_scaling.DEPENDS_ON_SEQ_LEN == ("dynamic", "dynamic_yarn", "longrope")
+    # every keyword of `frequencies` belongs to some kind, and NON_DEFAULT covers them all
+    params = inspect.signature(rope.frequencies).parameters
+    keywords = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    assert set(keywords) == set().union(*rope_scaling.KEYWORDS.values()) == set(NON_DEFAULT)
+
+
+@pytest.mark.parametrize("kind", rope.KINDS)
+def test_kind_functions_share_the_defaults_of_frequencies(kind):
+    fn = rope_scaling.SCALINGS[kind]
+    params = inspect.signature(rope.frequencies).parameters
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind is p.KEYWORD_ONLY:
+            assert p.default == params[name].default, (kind, name)
+
+
+@pytest.mark.parametrize("kind", rope.KINDS)
+def test_frequencies_dispatches_with_the_kinds_keywords(kind):
+    kw = own(kind, **NON_DEFAULT)
+    inv, af = rope.frequencies(kind, 8, **kw)
+    inv_direct, af_direct = rope_scaling.SCALINGS[kind](8, **kw)
+    np.testing.assert_array_equal(np.asarray(inv), np.asarray(inv_direct))
+    assert af == af_direct
+
+
+# Non-default values that each change the result (d = 64, base 500, L = 64).
+EFFECT = dict(base=500.0, factor=2.0, original_length=64, seq_len=100, beta_fast=2.0,
+              beta_slow=0.5, mscale=1.0, mscale_all_dim=0.5, truncate=False,
+              short_factor=np.linspace(1.0, 2.0, 32), long_factor=np.linspace(1.0, 4.0, 32),
+              low_freq_factor=2.0, high_freq_factor=8.0, attention_factor=1.5)
+
+
+@pytest.mark.parametrize("kind", rope.KINDS)
+def test_every_keyword_a_kind_takes_is_used(kind):
+    for name in rope_scaling.KEYWORDS[kind]:
+        # attention_factor overrides the computed one: leave it out unless it is tested
+        kw = own(kind, **{k: v for k, v in EFFECT.items() if k != "attention_factor"})
+        if name == "attention_factor":
+            kw["attention_factor"] = EFFECT["attention_factor"]
+        inv, af = rope.frequencies(kind, 64, **kw)
+        del kw[name]
+        try:
+            inv2, af2 = rope.frequencies(kind, 64, **kw)
+        except ValueError:
+            assert name in ("original_length", "short_factor", "long_factor")  # required
+            continue
+        assert not (np.array_equal(np.asarray(inv2), np.asarray(inv)) and af2 == af), (kind, name)
+
+
+@pytest.mark.parametrize("kind", rope.KINDS)
+def test_unused_keywords_are_refused_with_the_kinds_keywords(kind):
+    takes = rope_scaling.KEYWORDS[kind]
+    kw = own(kind, **NON_DEFAULT)
+    for name, value in NON_DEFAULT.items():
+        if name in takes:
+            continue
+        raises(f"frequencies({kind!r}) does not use {name}; it takes: {', '.join(takes)}",
+               kind, 8, **kw, **{name: value})
+    # The same keywords at their defaults are accepted and change nothing.
+    params = inspect.signature(rope.frequencies).parameters
+    defaults = {n: params[n].default for n in NON_DEFAULT if n not in takes}
+    with_defaults = rope.frequencies(kind, 8, **kw, **defaults)
+    plain = rope.frequencies(kind, 8, **kw)
+    np.testing.assert_array_equal(np.asarray(with_defaults[0]), np.asarray(plain[0]))
+    assert with_defaults[1] == plain[1]
+
+
+def test_defaults_are_told_apart_by_value():
+    # 32 == 32.0, False != True, [] is not None: by value, not by identity.
+    rope.frequencies("linear", 8, factor=2.0, beta_fast=32, truncate=True, mscale=None)
+    rope.frequencies("linear", 8, factor=2.0, truncate=np.bool_(True))
+    raises("does not use truncate", "linear", 8, truncate=False)
+    raises("does not use short_factor", "linear", 8, short_factor=[])
+    raises("does not use beta_fast", "linear", 8, beta_fast=jnp.float32(32.0))
+
+
+def test_kind_functions_take_exactly_their_keywords():
+    with pytest.raises(TypeError):
+        rope_scaling.linear(8, factor=2.0, original_length=16)
+    inv, af = rope_scaling.yarn(8, factor=4.0, original_length=32)
+    np.testing.assert_array_equal(np.asarray(inv), np.asarray(
+        rope.frequencies("yarn", 8, factor=4.0, original_length=32)[0]))
+
+
+def test_length_dependence_is_continuous_or_a_switch():
+    """dynamic / dynamic_yarn keep changing past L; longrope switches once, at L + 1."""
+    for kind in rope_scaling.DEPENDS_ON_SEQ_LEN:
+        kw = own(kind, **NON_DEFAULT)
+        at = {n: np.asarray(rope.frequencies(kind, 8, **{**kw, "seq_len": n})[0])
+              for n in (1, 64, 65, 256)}
+        np.testing.assert_array_equal(at[1], at[64])  # up to L: the initial frequencies
+        assert not np.array_equal(at[64], at[65])
+        assert np.array_equal(at[65], at[256]) == (kind == "longrope")
+    for kind in set(rope.KINDS) - set(rope_scaling.DEPENDS_ON_SEQ_LEN):
+        assert "seq_len" not in rope_scaling.KEYWORDS[kind]
