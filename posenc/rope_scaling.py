@@ -4,10 +4,10 @@ One public function per scaling kind, each taking exactly its keywords:
 :func:`default` (Su et al. 2021), :func:`linear` (position interpolation,
 Chen et al. 2023), :func:`ntk` and :func:`dynamic` (NTK-aware and dynamic
 NTK, bloc97, emozilla 2023), :func:`yarn` and :func:`dynamic_yarn` (Peng et
-al. 2023), :func:`longrope` (Ding et al. 2024) and :func:`llama3` (Dubey et
-al. 2024). Each returns ``(inv_freq, attention_factor)``.
-:func:`frequencies` dispatches to them by kind name; ``posenc.rope``
-re-exports it.
+al. 2023), :func:`longrope` (Ding et al. 2024), :func:`llama3` (Dubey et
+al. 2024) and :func:`proportional` (p-RoPE, Barbero et al. 2025). Each
+returns ``(inv_freq, attention_factor)``. :func:`frequencies` dispatches to
+them by kind name; ``posenc.rope`` re-exports it.
 
 Facts a caller (e.g. the model's config validation) derives its rules from,
 all read off the per-kind signatures so they cannot drift apart:
@@ -23,21 +23,17 @@ all read off the per-kind signatures so they cannot drift apart:
   what they give at initialisation. A decoder with a KV cache must decide
   what keys rotated under the other frequencies mean (HF keeps them).
 
-The arithmetic mirrors HuggingFace transformers ``modeling_rope_utils``
-(``_compute_*_parameters``): scalars HF computes as Python floats (the NTK
-base, the YaRN correction range, every attention factor) are Python float64
-here too, and what HF holds in float32 tensors (``arange / d``, ``base **
-exponent``, the YaRN ramp and mix, the Llama 3 wavelengths and smoothing)
-is float32 here, in the same order of operations. Concrete values are
-computed on the host (a correctly rounded float32 ``pow``, like torch's
-to within an ulp; XLA's float32 ``pow`` loses ~ln(base) ulps); a jax-array
-``seq_len`` switches the parts that depend on it to float32 jnp so it can
-be traced.
+The arithmetic (:mod:`posenc.rope_scaling_math`) mirrors HuggingFace
+transformers ``modeling_rope_utils`` bit for bit where it can: Python
+float64 where HF has Python floats, float32 where HF has float32 tensors,
+in the same order of operations, on the host; a jax-array ``seq_len``
+switches the parts that depend on it to float32 jnp so it can be traced.
 
 Convention: :func:`posenc.rope.apply` multiplies cos and sin by
 ``attention_factor``, so attention logits scale by ``attention_factor ** 2``.
 
-Shapes: ``inv_freq`` is float32 ``[rotary_dim // 2]``.
+Shapes: ``inv_freq`` is float32 ``[rotary_dim // 2]`` (``[head_dim // 2]``
+for "proportional").
 """
 
 from __future__ import annotations
@@ -51,8 +47,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from posenc import checks
+from posenc import rope_scaling_math as _m
 
-KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3")
+KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3",
+         "proportional")
+TEMPERATURES = _m.TEMPERATURES  # YaRN attention-temperature formulas (see :func:`yarn`)
 
 
 def _is_real(value) -> bool:
@@ -94,99 +93,6 @@ def _seq_len_value(kind: str, seq_len):
 
 
 _F32 = np.float32
-
-
-def _exponents(d: int) -> np.ndarray:
-    # HF: torch.arange(0, d, 2).float() / d, a float32 tensor.
-    return np.arange(0, d, 2, dtype=np.int64).astype(_F32) / _F32(d)
-
-
-def _powf(base: float, exponents: np.ndarray) -> np.ndarray:
-    """float32 ``base ** exponents``, correctly rounded.
-
-    The float32 base raised in float64 and rounded once: this agrees with
-    torch's float32 pow (the canonical implementations) on ~99% of entries
-    and is within 1 ulp elsewhere, where NumPy's float32 pow differs on ~16%
-    and XLA's loses ~|ln base| ulps.
-    """
-    return (np.float64(_F32(base)) ** exponents.astype(np.float64)).astype(_F32)
-
-
-def _default_inv_freq(base: float, d: int) -> np.ndarray:
-    # 1 / base^(2i/d) in float32, as HF: 1.0 / (base ** (arange(0, d, 2) / d)).
-    return _F32(1.0) / _powf(base, _exponents(d))
-
-
-def _dynamic_inv_freq_traced(base, factor, original_length, n, d):
-    """Dynamic NTK frequencies for a jax-array sequence length (float32).
-
-    base'^(-2i/d) = base^(-2i/d) * ratio^(-(d/(d-2)) 2i/d): the large,
-    concrete part stays exact and only the small log(ratio) is traced.
-    """
-    n = jnp.maximum(n, original_length).astype(jnp.float32)
-    ratio = (factor * n / original_length) - (factor - 1)
-    log_scale = -(d / (d - 2)) * jnp.log(ratio) * jnp.asarray(_exponents(d))
-    return jnp.asarray(_default_inv_freq(base, d)) * jnp.exp(log_scale)
-
-
-def _mscale(scale, k=1.0):
-    """YaRN magnitude correction 0.1 k ln(s) + 1 (1 when s <= 1)."""
-    if isinstance(scale, jax.Array):
-        # Traced dynamic_yarn factor; it is >= 1 by construction, where the
-        # formula already gives 1 at s = 1.
-        return 0.1 * k * jnp.log(scale) + 1.0
-    if scale <= 1:
-        return 1.0
-    return 0.1 * k * math.log(scale) + 1.0
-
-
-def _yarn_attention_factor(factor, mscale, mscale_all_dim):
-    # HF uses the mscale ratio only when both are set and non-zero.
-    if mscale and mscale_all_dim:
-        return _mscale(factor, mscale) / _mscale(factor, mscale_all_dim)
-    return _mscale(factor)
-
-
-def _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate):
-    """YaRN "NTK-by-parts" frequencies; `factor` may be a float or a jnp scalar."""
-
-    def correction_dim(rotations):
-        # Pair index whose wavelength fits `rotations` turns into the original length.
-        return (d * math.log(original_length / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    # The clamp uses d - 1 although the ramp has d // 2 entries (as in HF).
-    low, high = max(low, 0), min(high, d - 1)
-    if low == high:
-        high += 0.001  # avoid 0 / 0
-    ramp = np.clip((np.arange(d // 2, dtype=_F32) - _F32(low)) / _F32(high - low), 0, 1).astype(_F32)
-
-    pos_freqs = _powf(base, _exponents(d))
-    inv_extrapolation = _F32(1.0) / pos_freqs
-    if isinstance(factor, jax.Array):  # traced dynamic_yarn factor
-        inv_interpolation = 1.0 / (factor * jnp.asarray(pos_freqs))
-    else:
-        inv_interpolation = _F32(1.0) / (_F32(factor) * pos_freqs)
-    extrapolation_weight = _F32(1) - ramp
-    return inv_interpolation * (_F32(1) - extrapolation_weight) + inv_extrapolation * extrapolation_weight
-
-
-def _llama3_inv_freq(d, base, factor, original_length, low_freq_factor, high_freq_factor):
-    # HF compares and combines float32 tensors with Python scalars, which
-    # torch rounds to float32 first; the explicit casts do the same.
-    inv_freq = _default_inv_freq(base, d)
-    low_freq_wavelen = _F32(original_length / low_freq_factor)
-    high_freq_wavelen = _F32(original_length / high_freq_factor)
-    wavelen = _F32(2 * math.pi) / inv_freq
-    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / _F32(factor), inv_freq)
-    smooth = (_F32(original_length) / wavelen - _F32(low_freq_factor)) / _F32(
-        high_freq_factor - low_freq_factor
-    )
-    smoothed = (_F32(1) - smooth) * scaled / _F32(factor) + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return np.where(is_medium, smoothed, scaled)
 
 
 def _check_factors(name: str, values, half: int) -> jax.Array:
@@ -247,21 +153,21 @@ def _result(inv_freq, attention_factor):
 def default(rotary_dim, *, base=10000.0):
     """RoPE (Su et al. 2021, RoFormer): inv_i = 1 / base^(2i/d); attention factor 1."""
     d = _check_rotary_dim("default", rotary_dim)
-    return _result(_default_inv_freq(_check_base("default", base), d), 1.0)
+    return _result(_m.default_inv_freq(_check_base("default", base), d), 1.0)
 
 
 def linear(rotary_dim, *, base=10000.0, factor=1.0):
     """Position interpolation (Chen et al. 2023): inv_i / s; attention factor 1."""
     d = _check_rotary_dim("linear", rotary_dim)
     base, factor = _check_base("linear", base), _check_factor(factor)
-    return _result(_default_inv_freq(base, d) / _F32(factor), 1.0)
+    return _result(_m.default_inv_freq(base, d) / _F32(factor), 1.0)
 
 
 def ntk(rotary_dim, *, base=10000.0, factor=1.0):
     """NTK-aware scaling (bloc97 2023): base' = base * s^(d/(d-2)); attention factor 1."""
     d = _check_rotary_dim("ntk", rotary_dim)
     base, factor = _check_base("ntk", base), _check_factor(factor)
-    return _result(_default_inv_freq(base * factor ** (d / (d - 2)), d), 1.0)
+    return _result(_m.default_inv_freq(base * factor ** (d / (d - 2)), d), 1.0)
 
 
 def dynamic(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, seq_len=None):
@@ -276,13 +182,21 @@ def dynamic(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, seq_l
     original_length = _check_original_length("dynamic", original_length)
     n = _current_length("dynamic", seq_len, original_length)
     if isinstance(n, jax.Array):
-        return _result(_dynamic_inv_freq_traced(base, factor, original_length, n, d), 1.0)
+        return _result(_m.dynamic_inv_freq_traced(base, factor, original_length, n, d), 1.0)
     n = max(n, original_length)  # n <= L: default frequencies
     new_base = base * ((factor * n / original_length) - (factor - 1)) ** (d / (d - 2))
-    return _result(_default_inv_freq(new_base, d), 1.0)
+    return _result(_m.default_inv_freq(new_base, d), 1.0)
 
 
-def _check_yarn_options(beta_fast, beta_slow, mscale, mscale_all_dim, truncate):
+def _check_yarn_options(beta_fast, beta_slow, mscale, mscale_all_dim, truncate, temperature,
+                        attention_factor):
+    checks.choice("temperature", temperature, TEMPERATURES)
+    if temperature == "quadratic" and (attention_factor is not None or (mscale and mscale_all_dim)):
+        raise ValueError(
+            "temperature='quadratic' computes the attention factor itself; it cannot be combined "
+            f"with attention_factor={attention_factor!r} or with mscale={mscale!r} and "
+            f"mscale_all_dim={mscale_all_dim!r} (leave them at None)"
+        )
     beta_fast = _check_positive("beta_fast", beta_fast)
     beta_slow = _check_positive("beta_slow", beta_slow)
     if beta_fast < beta_slow:
@@ -296,32 +210,51 @@ def _check_yarn_options(beta_fast, beta_slow, mscale, mscale_all_dim, truncate):
 
 
 def yarn(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, beta_fast=32.0,
-         beta_slow=1.0, mscale=None, mscale_all_dim=None, truncate=True, attention_factor=None):
+         beta_slow=1.0, mscale=None, mscale_all_dim=None, truncate=True, attention_factor=None,
+         temperature="paper"):
     """YaRN "NTK-by-parts" (Peng et al. 2023) with its attention factor.
 
     A ramp between inv_i / s (low frequencies) and inv_i (high frequencies)
     over the pair range [low, high] given by corr(r) = d ln(L / (2 pi r)) /
     (2 ln base) at r = beta_fast, beta_slow (floor / ceil when `truncate`).
-    Attention factor: 0.1 ln s + 1 (1 when s <= 1), or m(s, mscale) /
-    m(s, mscale_all_dim) with m(s, k) = 0.1 k ln s + 1 when both are set and
-    non-zero (HF rule; one alone is ignored); an explicit `attention_factor`
-    overrides both.
+
+    Attention factor a (cos and sin are multiplied by a, logits by a^2):
+
+    - temperature="paper" (default; the paper's sqrt(1/t) = 0.1 ln s + 1 and
+      HF): a = 0.1 ln s + 1 (1 when s <= 1), or m(s, mscale) /
+      m(s, mscale_all_dim) with m(s, k) = 0.1 k ln s + 1 when both are set
+      and non-zero (HF rule; one alone is ignored); an explicit
+      `attention_factor` overrides both.
+    - temperature="quadratic": the fit t = 1 + 0.1 ln s + 0.07 ln^2 s that
+      some write-ups give, read as the logit multiplier (read as the paper's
+      t, which divides the logits, it would soften attention as s grows, the
+      opposite of YaRN's intent): a = sqrt(1 + 0.1 ln s + 0.07 ln^2 s). It
+      refuses `attention_factor` and the mscale pair.
+
+    Logit multiplier a^2 by formula:
+
+        s           2       4       8       16
+        paper       1.1434  1.2965  1.4591  1.6314    (0.1 ln s + 1)^2
+        quadratic   1.1029  1.2732  1.5106  1.8154    1 + 0.1 ln s + 0.07 ln^2 s
+
+    They cross at ln s = 5/3 (s ~ 5.3): the quadratic one is milder below, sharper above.
     """
     d = _check_rotary_dim("yarn", rotary_dim)
     base, factor = _check_base("yarn", base), _check_factor(factor)
     attention_factor = _check_attention_factor(attention_factor)
     original_length = _check_original_length("yarn", original_length)
-    beta_fast, beta_slow, truncate = _check_yarn_options(beta_fast, beta_slow, mscale,
-                                                         mscale_all_dim, truncate)
-    inv_freq = _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate)
+    beta_fast, beta_slow, truncate = _check_yarn_options(
+        beta_fast, beta_slow, mscale, mscale_all_dim, truncate, temperature, attention_factor)
+    inv_freq = _m.yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate)
     if attention_factor is None:
-        attention_factor = float(_yarn_attention_factor(factor, mscale, mscale_all_dim))
+        attention_factor = float(_m.yarn_attention_factor(factor, mscale, mscale_all_dim,
+                                                          temperature))
     return _result(inv_freq, attention_factor)
 
 
 def dynamic_yarn(rotary_dim, *, base=10000.0, original_length=None, seq_len=None, beta_fast=32.0,
                  beta_slow=1.0, mscale=None, mscale_all_dim=None, truncate=True,
-                 attention_factor=None):
+                 attention_factor=None, temperature="paper"):
     """:func:`yarn` with s = max(1, n / L) recomputed from the current length n.
 
     There is no `factor`: it is derived. With a jax-array `seq_len` and no
@@ -333,15 +266,15 @@ def dynamic_yarn(rotary_dim, *, base=10000.0, original_length=None, seq_len=None
     attention_factor = _check_attention_factor(attention_factor)
     original_length = _check_original_length("dynamic_yarn", original_length)
     n = _current_length("dynamic_yarn", seq_len, original_length)
-    beta_fast, beta_slow, truncate = _check_yarn_options(beta_fast, beta_slow, mscale,
-                                                         mscale_all_dim, truncate)
+    beta_fast, beta_slow, truncate = _check_yarn_options(
+        beta_fast, beta_slow, mscale, mscale_all_dim, truncate, temperature, attention_factor)
     if isinstance(n, jax.Array):
         factor = jnp.maximum(1.0, n.astype(jnp.float32) / original_length)
     else:
         factor = max(1.0, n / original_length)
-    inv_freq = _yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate)
+    inv_freq = _m.yarn_inv_freq(d, base, factor, original_length, beta_fast, beta_slow, truncate)
     if attention_factor is None:
-        attention_factor = _yarn_attention_factor(factor, mscale, mscale_all_dim)
+        attention_factor = _m.yarn_attention_factor(factor, mscale, mscale_all_dim, temperature)
         if not isinstance(attention_factor, jax.Array):
             attention_factor = float(attention_factor)
     return _result(inv_freq, attention_factor)
@@ -371,7 +304,7 @@ def longrope(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, seq_
             raise ValueError(f"original_length must be > 1 for kind 'longrope'; got {original_length!r}")
         else:
             attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_length))
-    shape = _powf(base, _exponents(d))
+    shape = _m.powf(base, _m.exponents(d))
     inv_short, inv_long = _F32(1.0) / (short * shape), _F32(1.0) / (long * shape)
     if isinstance(n, jax.Array):
         return _result(jnp.where(n > original_length, inv_long, inv_short), float(attention_factor))
@@ -397,12 +330,40 @@ def llama3(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, low_fr
             "low_freq_factor must be < high_freq_factor; got "
             f"low_freq_factor={low_freq_factor!r}, high_freq_factor={high_freq_factor!r}"
         )
-    return _result(_llama3_inv_freq(d, base, factor, original_length, low_freq_factor,
+    return _result(_m.llama3_inv_freq(d, base, factor, original_length, low_freq_factor,
                                     high_freq_factor), 1.0)
 
 
+def proportional(head_dim, *, base=10000.0, factor=1.0, fraction=1.0):
+    """p-RoPE (Barbero et al. 2025, arXiv 2410.06205) = HF's "proportional" rope type.
+
+    k = int(fraction * head_dim // 2) pairs keep inv_i = 1 / base^(2i /
+    head_dim) (i < k); the other head_dim / 2 - k are 0, i.e. not rotated:
+    the lowest frequencies are the ones dropped. All are divided by `factor`.
+    The first argument is the head dim and inv_freq has head_dim // 2
+    entries, so :func:`posenc.rope.apply` rotates the whole head with pairs
+    (i, i + head_dim / 2) in the "half" layout, as HF does; the zero pairs
+    pass through unchanged. fraction = 0 is NoPE, 1 is "default" / "linear".
+
+    Not GPT-NeoX's rotary fraction (``rotary_pct``; HF
+    ``partial_rotary_factor`` for every other kind, here
+    ``frequencies(kind, posenc.rope.rotary_dim(head_dim, fraction))``): that
+    rotates the first rotary_dim = int(fraction * head_dim) dims with
+    inv_i = 1 / base^(2i / rotary_dim), frequencies recomputed over the
+    rotary width, so the frequency set differs (head_dim 8, fraction 0.5,
+    base 1e4: p-RoPE [1, 0.1, 0, 0], NeoX [1, 0.01]) and so, in the "half"
+    layout, do the pairs ((i, i + 4) against (i, i + 2)). Libraries have
+    shipped silent mixes of the two (HF #48101 / #48652, pie-project/pie#603).
+    """
+    d = _check_rotary_dim("proportional", head_dim)
+    base, factor = _check_base("proportional", base), _check_factor(factor)
+    fraction = checks.number("fraction", fraction, minimum=0.0, maximum=1.0)
+    return _result(_m.proportional_inv_freq(base, d, fraction, factor), 1.0)
+
+
 SCALINGS = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn,
-            "dynamic_yarn": dynamic_yarn, "longrope": longrope, "llama3": llama3}
+            "dynamic_yarn": dynamic_yarn, "longrope": longrope, "llama3": llama3,
+            "proportional": proportional}
 
 
 def _keywords(fn) -> tuple[str, ...]:
@@ -434,6 +395,8 @@ def frequencies(
     low_freq_factor=1.0,
     high_freq_factor=4.0,
     attention_factor=None,
+    fraction=1.0,
+    temperature="paper",
 ):
     """RoPE inverse frequencies and attention factor for one scaling kind.
 
@@ -450,6 +413,9 @@ def frequencies(
     `original_length`, as in HF. It may be a Python int or an integer jax
     scalar (e.g. traced under `jit` in a decoder).
 
+    For "proportional" the second argument is the head dim (see
+    :func:`proportional`); `fraction` is its p.
+
     Returns:
       (inv_freq float32 [rotary_dim // 2], attention_factor): a Python float,
       or a float32 jnp scalar for "dynamic_yarn" with a jax-array seq_len.
@@ -461,7 +427,7 @@ def frequencies(
         beta_fast=beta_fast, beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
         truncate=truncate, short_factor=short_factor, long_factor=long_factor,
         low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
-        attention_factor=attention_factor,
+        attention_factor=attention_factor, fraction=fraction, temperature=temperature,
     )
     given = {k: v for k, v in values.items() if not _is_default(v, _DEFAULTS[k])}
     try:

@@ -324,7 +324,7 @@ def raises(match, *args, **kwargs):
 
 def test_unknown_kind_lists_all_kinds():
     assert rope.KINDS == ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn",
-                          "longrope", "llama3")
+                          "longrope", "llama3", "proportional")
     raises("unknown kind 'rop'; choose one of: " + ", ".join(rope.KINDS), "rop", 8)
 
 
@@ -441,19 +441,26 @@ EXPECTED_KEYWORDS = {
     "ntk": ("base", "factor"),
     "dynamic": ("base", "factor", "original_length", "seq_len"),
     "yarn": ("base", "factor", "original_length", "beta_fast", "beta_slow", "mscale",
-             "mscale_all_dim", "truncate", "attention_factor"),
+             "mscale_all_dim", "truncate", "attention_factor", "temperature"),
     "dynamic_yarn": ("base", "original_length", "seq_len", "beta_fast", "beta_slow", "mscale",
-                     "mscale_all_dim", "truncate", "attention_factor"),
+                     "mscale_all_dim", "truncate", "attention_factor", "temperature"),
     "longrope": ("base", "factor", "original_length", "seq_len", "short_factor", "long_factor",
                  "attention_factor"),
     "llama3": ("base", "factor", "original_length", "low_freq_factor", "high_freq_factor"),
+    "proportional": ("base", "factor", "fraction"),
 }
 
 # A valid non-default value for every keyword of `frequencies` (d = 8).
 NON_DEFAULT = dict(base=500.0, factor=2.0, original_length=64, seq_len=100, beta_fast=16.0,
                    beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5, truncate=False,
                    short_factor=[1.0, 1.0, 1.5, 2.0], long_factor=[1.0, 2.0, 3.0, 4.0],
-                   low_freq_factor=2.0, high_freq_factor=8.0, attention_factor=1.5)
+                   low_freq_factor=2.0, high_freq_factor=8.0, attention_factor=1.5,
+                   fraction=0.5, temperature="quadratic")
+
+
+def base_kw(kind):
+    """NON_DEFAULT for `kind`, less temperature (it excludes attention_factor and mscale)."""
+    return own(kind, **{k: v for k, v in NON_DEFAULT.items() if k != "temperature"})
 
 
 def test_keyword_tables():
@@ -479,7 +486,7 @@ def test_kind_functions_share_the_defaults_of_frequencies(kind):
 
 @pytest.mark.parametrize("kind", rope.KINDS)
 def test_frequencies_dispatches_with_the_kinds_keywords(kind):
-    kw = own(kind, **NON_DEFAULT)
+    kw = base_kw(kind)
     inv, af = rope.frequencies(kind, 8, **kw)
     inv_direct, af_direct = rope_scaling.SCALINGS[kind](8, **kw)
     np.testing.assert_array_equal(np.asarray(inv), np.asarray(inv_direct))
@@ -490,16 +497,21 @@ def test_frequencies_dispatches_with_the_kinds_keywords(kind):
 EFFECT = dict(base=500.0, factor=2.0, original_length=64, seq_len=100, beta_fast=2.0,
               beta_slow=0.5, mscale=1.0, mscale_all_dim=0.5, truncate=False,
               short_factor=np.linspace(1.0, 2.0, 32), long_factor=np.linspace(1.0, 4.0, 32),
-              low_freq_factor=2.0, high_freq_factor=8.0, attention_factor=1.5)
+              low_freq_factor=2.0, high_freq_factor=8.0, attention_factor=1.5, fraction=0.5,
+              temperature="quadratic")
 
 
 @pytest.mark.parametrize("kind", rope.KINDS)
 def test_every_keyword_a_kind_takes_is_used(kind):
     for name in rope_scaling.KEYWORDS[kind]:
-        # attention_factor overrides the computed one: leave it out unless it is tested
-        kw = own(kind, **{k: v for k, v in EFFECT.items() if k != "attention_factor"})
-        if name == "attention_factor":
-            kw["attention_factor"] = EFFECT["attention_factor"]
+        # attention_factor overrides the computed one and temperature="quadratic"
+        # excludes it and the mscale pair: leave them out unless tested
+        kw = own(kind, **{k: v for k, v in EFFECT.items()
+                          if k not in ("attention_factor", "temperature")})
+        if name in ("attention_factor", "temperature"):
+            kw[name] = EFFECT[name]
+        if name == "temperature":
+            del kw["mscale"], kw["mscale_all_dim"]
         inv, af = rope.frequencies(kind, 64, **kw)
         del kw[name]
         try:
@@ -513,7 +525,7 @@ def test_every_keyword_a_kind_takes_is_used(kind):
 @pytest.mark.parametrize("kind", rope.KINDS)
 def test_unused_keywords_are_refused_with_the_kinds_keywords(kind):
     takes = rope_scaling.KEYWORDS[kind]
-    kw = own(kind, **NON_DEFAULT)
+    kw = base_kw(kind)
     for name, value in NON_DEFAULT.items():
         if name in takes:
             continue
@@ -548,7 +560,7 @@ def test_kind_functions_take_exactly_their_keywords():
 def test_length_dependence_is_continuous_or_a_switch():
     """dynamic / dynamic_yarn keep changing past L; longrope switches once, at L + 1."""
     for kind in rope_scaling.DEPENDS_ON_SEQ_LEN:
-        kw = own(kind, **NON_DEFAULT)
+        kw = base_kw(kind)
         at = {n: np.asarray(rope.frequencies(kind, 8, **{**kw, "seq_len": n})[0])
               for n in (1, 64, 65, 256)}
         np.testing.assert_array_equal(at[1], at[64])  # up to L: the initial frequencies
@@ -556,3 +568,148 @@ def test_length_dependence_is_continuous_or_a_switch():
         assert np.array_equal(at[65], at[256]) == (kind == "longrope")
     for kind in set(rope.KINDS) - set(rope_scaling.DEPENDS_ON_SEQ_LEN):
         assert "seq_len" not in rope_scaling.KEYWORDS[kind]
+
+
+# ---------------------------------------------------------------------------
+# p-RoPE / HF "proportional", and how it differs from the NeoX rotary fraction.
+# ---------------------------------------------------------------------------
+
+
+def ref_proportional(head_dim, base, factor, rope_proportion):
+    """huggingface/transformers src/transformers/modeling_rope_utils.py,
+    _compute_proportional_rope_parameters, transcribed (NumPy for torch; the
+    float32 exponent kept, the power in float64 as ref_default above)."""
+    rope_angles = int(rope_proportion * head_dim // 2)
+    exponent = np.arange(0, 2 * rope_angles, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq_rotated = 1.0 / (base ** exponent.astype(np.float64))
+    nope_angles = head_dim // 2 - rope_angles
+    if nope_angles > 0:
+        inv_freq = np.concatenate((inv_freq_rotated, np.zeros(nope_angles)), axis=0)
+    else:
+        inv_freq = inv_freq_rotated
+    inv_freq /= np.float32(factor)
+    return inv_freq, 1.0
+
+
+@given(head_dim=st.sampled_from([2, 4, 6, 8, 10, 16, 48, 64, 128, 256, 512]),
+       p=st.one_of(st.sampled_from([0.0, 0.25, 0.3, 0.5, 0.75, 1.0]), st.floats(0.0, 1.0)),
+       base=BASES, s=st.one_of(st.just(1.0), FACTORS))
+def test_parity_proportional(head_dim, p, base, s):
+    check("proportional", ref_proportional(head_dim, base, s, p),
+          rotary_dim=head_dim, base=base, factor=s, fraction=p)
+
+
+def test_proportional_golden_and_the_neox_rotary_fraction_differ():
+    prop, af = freqs("proportional", 8, fraction=0.5)
+    np.testing.assert_allclose(prop, [1.0, 0.1, 0.0, 0.0], rtol=1e-6)
+    assert af == 1.0
+    # GPT-NeoX rotary_pct: recompute over the rotary width int(0.5 * 8) = 4.
+    neox, _ = freqs("default", rope.rotary_dim(8, 0.5))
+    np.testing.assert_allclose(neox, [1.0, 0.01], rtol=1e-6)
+    # Gemma-4-like shape: head_dim 256, p = 0.25 -> 32 of 128 pairs rotate.
+    prop, _ = freqs("proportional", 256, fraction=0.25, base=1e6)
+    default, _ = freqs("default", 256, base=1e6)
+    assert prop.shape == (128,) and np.count_nonzero(prop) == 32
+    np.testing.assert_array_equal(prop[:32], default[:32])
+    neox, _ = freqs("default", 64, base=1e6)
+    assert not np.allclose(neox, prop[:32])  # same count, other frequencies
+    # int(p * head_dim // 2) is (p * head_dim) // 2, as in HF
+    assert np.count_nonzero(freqs("proportional", 10, fraction=0.3)[0]) == 1
+    assert np.count_nonzero(freqs("proportional", 6, fraction=0.25)[0]) == 0
+
+
+def test_proportional_rotates_pairs_across_the_whole_head():
+    """The silent mixes (NeoX pairs with p-RoPE frequencies, p-RoPE pairs with
+    NeoX frequencies) all give other outputs; p-RoPE leaves dims 2, 3, 6, 7."""
+    x = jax.random.normal(jax.random.key(0), (3, 2, 8))
+    pos = jnp.array([0, 5, 37])
+    prop, _ = rope.frequencies("proportional", 8, fraction=0.5)
+    out = np.asarray(rope.apply(x, pos, prop))
+    np.testing.assert_array_equal(out[..., [2, 3, 6, 7]], np.asarray(x)[..., [2, 3, 6, 7]])
+    # pair (0, 4) turns by p * 1, pair (1, 5) by p * 0.1 (half layout over the head)
+    for i, inv in ((0, 1.0), (1, 0.1)):
+        c, s = np.cos(np.asarray(pos) * inv)[:, None], np.sin(np.asarray(pos) * inv)[:, None]
+        a, b = np.asarray(x)[..., i], np.asarray(x)[..., i + 4]
+        np.testing.assert_allclose(out[..., i], a * c - b * s, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out[..., i + 4], b * c + a * s, rtol=1e-5, atol=1e-5)
+    neox_freqs, _ = rope.frequencies("default", 4)
+    mixes = {
+        "neox": rope.apply(x, pos, neox_freqs),  # rotary_pct: pairs (i, i + 2), 1/base^(2i/4)
+        "p-freqs, neox pairs": rope.apply(x, pos, prop[:2]),  # no zero padding
+        "neox freqs, p pairs": rope.apply(x, pos, jnp.concatenate([neox_freqs, jnp.zeros(2)])),
+    }
+    for name, other in mixes.items():
+        assert not np.allclose(np.asarray(other), out, atol=1e-3), name
+
+
+def test_proportional_limits():
+    for d in (8, 64):
+        default, _ = freqs("default", d)
+        np.testing.assert_array_equal(freqs("proportional", d, fraction=1.0)[0], default)
+        linear, _ = freqs("linear", d, factor=4.0)
+        np.testing.assert_array_equal(freqs("proportional", d, fraction=1.0, factor=4.0)[0], linear)
+        none, _ = freqs("proportional", d, fraction=0.0)
+        np.testing.assert_array_equal(none, np.zeros(d // 2))
+    x = jax.random.normal(jax.random.key(1), (4, 1, 8))
+    np.testing.assert_array_equal(rope.apply(x, jnp.arange(4), jnp.asarray(freqs(
+        "proportional", 8, fraction=0.0)[0])), x)  # p = 0 is NoPE
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5, "half", True])
+def test_proportional_bad_fraction(p):
+    raises(f"fraction must be a finite number >= 0.0 <= 1.0; got {p!r}", "proportional", 8,
+           fraction=p)
+
+
+def test_proportional_refuses_other_keywords():
+    raises("frequencies('proportional') does not use original_length; it takes: base, factor, "
+           "fraction", "proportional", 8, original_length=16)
+    raises("frequencies('default') does not use fraction; it takes: base", "default", 8,
+           fraction=0.5)
+
+
+# ---------------------------------------------------------------------------
+# YaRN attention temperature: "paper" (HF) and "quadratic".
+# ---------------------------------------------------------------------------
+
+# Logit multiplier a^2 at s = 2, 4, 8, 16 (the table in rope_scaling.yarn's docstring).
+PAPER_LOGIT = [1.1434, 1.2965, 1.4591, 1.6314]
+QUADRATIC_LOGIT = [1.1029, 1.2732, 1.5106, 1.8154]
+
+
+def test_yarn_temperature_table():
+    for s, paper, quad in zip((2, 4, 8, 16), PAPER_LOGIT, QUADRATIC_LOGIT):
+        inv_p, a_p = freqs("yarn", 32, factor=s, original_length=64)
+        inv_q, a_q = freqs("yarn", 32, factor=s, original_length=64, temperature="quadratic")
+        assert a_p == pytest.approx(0.1 * math.log(s) + 1, rel=1e-12)  # sqrt(1/t) = 0.1 ln s + 1
+        assert a_q == pytest.approx(math.sqrt(1 + 0.1 * math.log(s) + 0.07 * math.log(s) ** 2),
+                                    rel=1e-12)
+        assert a_p**2 == pytest.approx(paper, abs=5e-5)
+        assert a_q**2 == pytest.approx(quad, abs=5e-5)
+        np.testing.assert_array_equal(inv_p, inv_q)  # only the attention factor changes
+    assert freqs("yarn", 32, factor=1.0, original_length=64, temperature="quadratic")[1] == 1.0
+
+
+def test_dynamic_yarn_quadratic_temperature_traced():
+    kw = dict(original_length=16, temperature="quadratic")
+    fn = jax.jit(lambda n: rope.frequencies("dynamic_yarn", 8, seq_len=n, **kw))
+    for n in (8, 16, 64, 1000):
+        s = max(1.0, n / 16)
+        want = math.sqrt(1 + 0.1 * math.log(s) + 0.07 * math.log(s) ** 2)
+        assert freqs("dynamic_yarn", 8, seq_len=n, **kw)[1] == pytest.approx(want, rel=1e-12)
+        assert float(fn(jnp.int32(n))[1]) == pytest.approx(want, rel=1e-6)
+
+
+def test_yarn_temperature_errors():
+    raises("unknown temperature 'cubic'; choose one of: paper, quadratic", "yarn", 8, factor=2.0,
+           original_length=16, temperature="cubic")
+    raises("temperature='quadratic' computes the attention factor itself; it cannot be combined "
+           "with attention_factor=1.2", "yarn", 8, factor=2.0, original_length=16,
+           temperature="quadratic", attention_factor=1.2)
+    raises("or with mscale=1.0 and mscale_all_dim=0.5", "dynamic_yarn", 8, original_length=16,
+           temperature="quadratic", mscale=1.0, mscale_all_dim=0.5)
+    # mscale alone is ignored by the HF rule, so it does not conflict
+    _, af = freqs("yarn", 8, factor=4.0, original_length=16, temperature="quadratic", mscale=1.0)
+    assert af == pytest.approx(math.sqrt(1 + 0.1 * math.log(4) + 0.07 * math.log(4) ** 2))
+    raises("frequencies('llama3') does not use temperature", "llama3", 8, factor=2.0,
+           original_length=16, temperature="quadratic")
