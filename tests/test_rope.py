@@ -1,9 +1,10 @@
 """posenc.rope.apply / rotary_dim: golden vectors, relative-position property
 for every frequency kind, layout equivalence, norms, partial rotary, bf16,
-jit / vmap / grad, and errors."""
+exact (range-reduced) and canonical angles, jit / vmap / grad, and errors."""
 
 import functools
 import re
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc import rope
+from posenc import phase, rope
 
 X8 = jnp.arange(1.0, 9.0, dtype=jnp.float32).reshape(1, 1, 8)  # [L=1, H=1, Dh=8]
 INV8, _ = rope.frequencies("default", 8)
@@ -61,6 +62,7 @@ KIND_CONFIGS = {
     "longrope": dict(factor=4.0, original_length=32, seq_len=100,
                      short_factor=[1.0, 1.5, 2.0, 3.0], long_factor=[1.0, 2.0, 4.0, 8.0]),
     "llama3": dict(factor=8.0, original_length=64),  # pairs in all three bands at d = 8
+    "proportional": dict(fraction=0.5),  # two zero frequencies: pairs that are not rotated
 }
 
 
@@ -181,13 +183,143 @@ def test_large_positions_use_float32_angles():
     x = jax.random.normal(jax.random.key(1), (4, 1, 8))
     pos = np.array([99_997, 99_998, 99_999, 100_000], dtype=np.int32)
     inv, _ = rope.frequencies("default", 8)
-    out = np.asarray(rope.apply(x, jnp.asarray(pos), inv, layout="interleaved"))
+    out = np.asarray(rope.apply(x, jnp.asarray(pos), inv, layout="interleaved", angles="canonical"))
     theta = (pos.astype(np.float32)[:, None] * np.asarray(inv)).astype(np.float64)[:, None, :]
     xe, xo = np.asarray(x, np.float64)[..., 0::2], np.asarray(x, np.float64)[..., 1::2]
     ref = np.stack([xe * np.cos(theta) - xo * np.sin(theta),
                     xo * np.cos(theta) + xe * np.sin(theta)], axis=-1).reshape(x.shape)
     np.testing.assert_allclose(out, ref, atol=1e-5)
     assert len({out[i].tobytes() for i in range(4)}) == 4
+
+
+# ---------------------------------------------------------------------------
+# Exact (range-reduced) angles against an exact rational reference.
+# ---------------------------------------------------------------------------
+
+# pi to 60 digits (an independent source from the Machin series in posenc.phase).
+PI = Fraction("3.14159265358979323846264338327950288419716939937510582097494459")
+
+
+def exact_angle(p, f):
+    """(p * f) mod 2 pi in [-pi, pi] with p an int and f the float32 value, in exact rationals."""
+    t = Fraction(int(p)) * Fraction(float(f)) / (2 * PI)
+    return float((t - round(t)) * 2 * PI)
+
+
+def angle_error(a, b):
+    return np.abs(np.angle(np.exp(1j * (np.asarray(a, np.float64) - b))))
+
+
+EDGE_POSITIONS = [0, 1, -1, 3, 4095, 4096, 4097, 2**24 - 1, 2**24, -(2**24), 65_536, 99_999, 10**6,
+                  2**31 - 1, -(2**31)]
+
+
+def test_exact_angles_within_bound_for_every_int32_position():
+    inv, _ = rope.frequencies("default", 64)
+    freqs = np.concatenate([np.asarray(inv), np.float32([0.0, 1.0, 3.0, -0.37, 123.456, 2**20, 7.3e-9, 1e-30])])
+    rng = np.random.default_rng(0)
+    pos = np.concatenate([EDGE_POSITIONS, rng.integers(-(2**31), 2**31, 24), rng.integers(0, 2 * 10**6, 24)])
+    want = np.array([[exact_angle(p, f) for f in freqs] for p in pos])
+    for fn in (rope.angles, jax.jit(rope.angles, static_argnames="method")):
+        got = np.asarray(fn(jnp.asarray(pos, jnp.int32), freqs, method="exact"))
+        assert got.dtype == np.float32 and np.abs(got).max() <= np.float32(np.pi)
+        assert angle_error(got, want).max() <= phase.MAX_ERROR
+    # The float32 product is what drifts: near 1e6 rad it is off by up to 2^-5.
+    canonical = np.asarray(rope.angles(jnp.asarray(pos, jnp.int32), freqs[:32]))
+    big = np.abs(pos[:, None] * freqs[None, :32].astype(np.float64)) > 1e5
+    assert angle_error(canonical, want[:, :32])[big].max() > 1e-3
+
+
+def test_exact_and_canonical_agree_at_small_positions_and_canonical_is_the_product():
+    inv, _ = rope.frequencies("default", 16)
+    pos = jnp.arange(-300, 300)
+    canonical = np.asarray(rope.angles(pos, inv), np.float64)
+    # they differ by the rounding of the float32 product, <= |p inv| 2^-24, and the exact bound
+    tol = np.abs(canonical) * 2.0**-24 + phase.MAX_ERROR
+    assert (angle_error(rope.angles(pos, inv, method="exact"), canonical) <= tol).all()
+    x = jax.random.normal(jax.random.key(7), (600, 2, 16))
+    # canonical: HF's float32 p * inv_freq, cos / sin, x cos + rotate_half(x) sin, bitwise.
+    theta = pos.astype(jnp.float32)[:, None] * inv
+    cos, sin = jnp.cos(theta)[:, None], jnp.sin(theta)[:, None]
+    hf = x * jnp.concatenate([cos, cos], -1) + jnp.concatenate([-x[..., 8:], x[..., :8]], -1) * jnp.concatenate(
+        [sin, sin], -1)
+    np.testing.assert_array_equal(rope.apply(x, pos, inv, angles="canonical"), hf)
+    np.testing.assert_array_equal(rope.apply(x, pos, inv), rope.apply(x, pos, inv, angles="exact"))
+
+
+@functools.partial(jax.jit, static_argnames="angles")
+def unit_score(q, k, m, n, inv_freq, angles):
+    q, k = q / jnp.linalg.norm(q), k / jnp.linalg.norm(k)
+    qr = rope.apply(q[None, None], m[None], inv_freq, angles=angles)
+    kr = rope.apply(k[None, None], n[None], inv_freq, angles=angles)
+    return jnp.sum(qr * kr)
+
+
+@given(m=st.integers(0, 4096), n=st.integers(0, 4096), shift=st.sampled_from([10**6, -(10**6), 2**30, 65_536]),
+       seed=st.integers(0, 2**16))
+def test_exact_logits_are_shift_invariant_to_1e6_and_beyond(m, n, shift, seed):
+    inv, _ = rope.frequencies("default", 32)
+    q, k = jax.random.normal(jax.random.key(seed), (2, 32))
+    s0 = unit_score(q, k, jnp.int32(m), jnp.int32(n), inv, "exact")
+    s1 = unit_score(q, k, jnp.int32(m + shift), jnp.int32(n + shift), inv, "exact")
+    assert abs(float(s0) - float(s1)) <= 1e-4
+    # ... and equal the float64 value <q, R_{n-m} k> of unit vectors.
+    qn, kn = (np.asarray(v, np.float64) / np.linalg.norm(np.asarray(v, np.float64)) for v in (q, k))
+    t = (n - m) * np.asarray(inv, np.float64)
+    want = np.sum(qn[:16] * (kn[:16] * np.cos(t) - kn[16:] * np.sin(t)) + qn[16:] * (kn[16:] * np.cos(t) + kn[:16] * np.sin(t)))
+    assert abs(float(s1) - want) <= 1e-5
+
+
+def test_canonical_logits_drift_at_1e6():
+    # What "exact" fixes: the canonical float32 angles drift with the offset.
+    inv, _ = rope.frequencies("default", 32)
+    q, k = jax.random.normal(jax.random.key(0), (2, 32))
+    drift = [abs(float(unit_score(q, k, jnp.int32(m), jnp.int32(m + 7), inv, "canonical"))
+                 - float(unit_score(q, k, jnp.int32(m + 10**6), jnp.int32(m + 7 + 10**6), inv, "canonical")))
+             for m in range(0, 200, 10)]
+    assert max(drift) > 1e-4  # the bound the exact angles meet (3.6e-4 here, unit q and k)
+
+
+def test_exact_angles_zero_frequencies_traced_and_grad():
+    # p-RoPE zeros: those pairs pass through unchanged at any position.
+    inv, _ = rope.frequencies("proportional", 16, fraction=0.5)
+    assert (np.asarray(inv) == 0).sum() == 4
+    x = jax.random.normal(jax.random.key(1), (3, 1, 16))
+    pos = jnp.array([5, 10**6, 2**31 - 1])
+    out = jax.jit(rope.apply)(x, pos, inv)  # traced positions and inv_freq
+    zero = np.concatenate([np.asarray(inv) == 0] * 2)
+    np.testing.assert_array_equal(np.asarray(out)[..., zero], np.asarray(x)[..., zero])
+    np.testing.assert_allclose(out, rope.apply(x, pos, inv), rtol=0, atol=1e-6)  # fused: ulps may differ
+    # d/d inv_freq of sum sin(angles) = sum_p p cos(p inv), as for the plain product.
+    inv8, _ = rope.frequencies("default", 8)
+    p = jnp.array([3, 1000, 10**6])
+    g = jax.grad(lambda f: jnp.sum(jnp.sin(rope.angles(p, f, method="exact"))))(inv8)
+    pf = np.asarray(p, np.float64)[:, None]
+    want = (pf * np.cos(pf * np.asarray(inv8, np.float64))).sum(0)
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_bf16_rotation_error_bound_at_100k(layout):
+    # Stated bound: every output element is within 2^-8 |exact element| + 1e-6 |pair| of the
+    # exact rotation of the bf16 input (the float32 rotation rounded to bf16 once).
+    x = jax.random.normal(jax.random.key(4), (2, 64, 2, 16)).astype(jnp.bfloat16)
+    rng = np.random.default_rng(1)
+    pos = rng.integers(99_000, 100_001, size=(2, 64)).astype(np.int32)
+    inv, _ = rope.frequencies("default", 16)
+    xs = np.asarray(x.astype(jnp.float32), np.float64)
+    t = pos[..., None, None].astype(np.float64) * np.asarray(inv, np.float64)  # exact below 2^53
+    a, b = (xs[..., :8], xs[..., 8:]) if layout == "half" else (xs[..., 0::2], xs[..., 1::2])
+    ra, rb = a * np.cos(t) - b * np.sin(t), b * np.cos(t) + a * np.sin(t)
+    pair = np.sqrt(a**2 + b**2)
+
+    def excess(angles):
+        out = np.asarray(rope.apply(x, jnp.asarray(pos), inv, layout=layout, angles=angles).astype(jnp.float32))
+        oa, ob = (out[..., :8], out[..., 8:]) if layout == "half" else (out[..., 0::2], out[..., 1::2])
+        return max((np.abs(o - r) - (2.0**-8 * np.abs(r) + 1e-6 * pair)).max() for o, r in ((oa, ra), (ob, rb)))
+
+    assert excess("exact") <= 0
+    assert excess("canonical") > 0  # its angle error alone, up to 2^-8 rad at 1e5, breaks the bound
 
 
 # ---------------------------------------------------------------------------
@@ -249,8 +381,11 @@ def apply_raises(match, x=XB, positions=POS_BL, inv=INV8, **kw):
         rope.apply(x, positions, inv, **kw)
 
 
-def test_unknown_layout():
+def test_unknown_layout_and_angles():
     apply_raises("unknown layout 'neox'; choose one of: half, interleaved", layout="neox")
+    apply_raises("unknown angles 'fast'; choose one of: canonical, exact", angles="fast")
+    with pytest.raises(ValueError, match=re.escape("unknown angles 'hf'; choose one of: canonical, exact")):
+        rope.angles(POS_L, INV8, method="hf")
 
 
 def test_inv_freq_longer_than_half_head_dim():
