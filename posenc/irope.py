@@ -5,32 +5,19 @@ embeddings" plus inference-time temperature scaling, Nakanishi 2025,
 "Scalable-Softmax Is Superior for Attention"). Layer ids ``nope_every - 1,
 2 * nope_every - 1, ...`` use no positional encoding and full causal
 attention; the others use RoPE. In Hugging Face ``Llama4TextAttention`` the
-NoPE layers multiply the queries by ``nope_temperature(positions)``.
+NoPE layers multiply the queries by the temperature
+:func:`posenc.logit_scale.temperature`, also importable here under its
+former name ``nope_temperature``.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from posenc.absolute import check_positions
+from posenc import logit_scale
 
-
-def nope_temperature(positions, *, floor_scale: float = 8192.0, attn_scale: float = 0.1) -> jax.Array:
-    """Query scale of NoPE layers: ``log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1``.
-
-    Equal to 1 for positions below ``floor_scale - 1`` and growing like the
-    log of the position after that. Multiply queries of NoPE layers by it
-    (``q * t[..., :, None, None]`` for q [..., L, H, Dh]).
-
-    Shapes: positions int [..., L] -> float32 [..., L].
-    """
-    positions = check_positions(positions)
-    if not floor_scale > 0:
-        raise ValueError(f"floor_scale must be > 0, got {floor_scale!r}")
-    pos = positions.astype(jnp.float32)
-    return jnp.log(jnp.floor((pos + 1.0) / floor_scale) + 1.0) * attn_scale + 1.0
+# The former name: the temperature now lives with the other length-aware logit scalings.
+nope_temperature = logit_scale.temperature
 
 
 def layer_kinds(num_layers: int, *, nope_every: int = 4, rope_kind: str = "rope") -> tuple[str, ...]:

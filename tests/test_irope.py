@@ -30,7 +30,7 @@ def test_nope_temperature_batch_jit():
 def test_nope_temperature_errors():
     with pytest.raises(ValueError, match="integer array"):
         irope.nope_temperature(jnp.array([1.0]))
-    with pytest.raises(ValueError, match="floor_scale must be > 0"):
+    with pytest.raises(ValueError, match="floor_scale must be a finite number > 0; got 0.0"):
         irope.nope_temperature(jnp.array([1]), floor_scale=0.0)
 
 
