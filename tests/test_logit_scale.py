@@ -175,7 +175,9 @@ def hf_llama4_attn_scales(positions, floor_scale, attn_scale):
 def maxtext_attn_scales(inputs_positions, temperature_tuning_floor_scale, temperature_tuning_scale):
     """AI-Hypercomputer/maxtext layers/attentions.py, Attention.__call__ (temperature_tuning)."""
     return (
-        jnp.log(jnp.floor((inputs_positions.astype(jnp.float32) + 1.0) / temperature_tuning_floor_scale) + 1.0)
+        jnp.log(
+            jnp.floor((inputs_positions.astype(jnp.float32) + 1.0) / temperature_tuning_floor_scale)
+            + 1.0)
         * temperature_tuning_scale
         + 1.0
     )
