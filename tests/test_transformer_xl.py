@@ -1,3 +1,10 @@
+"""posenc.transformer_xl: against a float64 reference that materialises W_r R_{i-j}, with
+exact and canonical angles and the rel-shift form; precision at large positions, per-block
+use, jit / vmap / grad, errors."""
+
+import re
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import transformer_xl as txl
+
+# pi to 60 digits, for the exact reference of large angles
+PI = Fraction("3.14159265358979323846264338327950288419716939937510582097494459")
 
 H, DH, DR = 2, 4, 6
 RNG = np.random.default_rng(0)
@@ -22,7 +32,7 @@ def naive(q, k, qp, kp, u, v, w_r):
     """Materialises W_r R_{i-j} for every pair: [B, Lq, Lk, H, Dh]."""
     q, k, u, v, w_r = (np.asarray(x, np.float64) for x in (q, k, u, v, w_r))
     d = np.asarray(qp)[..., :, None] - np.asarray(kp)[..., None, :]  # [B, Lq, Lk]
-    inv = 1e4 ** (-np.arange(0, DR, 2) / DR)
+    inv = np.float32(1e4 ** (-np.arange(0, DR, 2) / DR)).astype(np.float64)  # the float32 frequencies
     r = np.concatenate([np.sin(d[..., None] * inv), np.cos(d[..., None] * inv)], -1)  # [B, Lq, Lk, DR]
     wr = np.einsum("bqkf,fhd->bqkhd", r, w_r)
     term_c = np.einsum("hd,bkhd->bhk", u, k)[:, :, None, :]
@@ -40,9 +50,9 @@ def test_relative_embedding_values():
         txl.relative_embedding(jnp.arange(3), 5)
 
 
-@pytest.mark.parametrize("contiguous", [False, True])
-def test_logits_match_naive(contiguous):
-    out = txl.logits(Q, KEYS, QP, KP, u=U, v=V, w_r=WR, contiguous=contiguous)
+@pytest.mark.parametrize("contiguous, angles", [(False, "exact"), (False, "canonical"), (True, "exact")])
+def test_logits_match_naive(contiguous, angles):
+    out = txl.logits(Q, KEYS, QP, KP, u=U, v=V, w_r=WR, contiguous=contiguous, angles=angles)
     assert out.shape == (2, H, 3, 5) and out.dtype == jnp.float32
     np.testing.assert_allclose(out, naive(Q, KEYS, QP, KP, U, V, WR), rtol=1e-4, atol=1e-4)
 
@@ -60,15 +70,54 @@ def test_general_positions_with_gaps():
     np.testing.assert_allclose(out[finite], want[finite], rtol=1e-4, atol=1e-4)
 
 
+LOGITS = jax.jit(txl.logits, static_argnames=("contiguous", "angles"))
+
+
 @settings(max_examples=20, deadline=None)
-@given(shift=st.integers(-2000, 2000))
+@given(shift=st.one_of(st.integers(-2000, 2000), st.sampled_from([65_536, 10**6, -(10**6), 2**30])))
 def test_position_term_depends_only_on_distance(shift):
-    # With q fixed (u = 0 removes the key-content term), shifting every position
-    # by the same amount changes nothing.
-    zero = jnp.zeros_like(U)
-    a = txl.logits(Q, KEYS, QP, KP, u=zero, v=V, w_r=WR)
-    b = txl.logits(Q, KEYS, QP + shift, KP + shift, u=zero, v=V, w_r=WR)
-    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)  # float32 angles of |pos| ~ 2000
+    # Shifting every position by the same amount changes nothing (the content terms do not
+    # depend on positions), at any offset with exact angles.
+    a = LOGITS(Q, KEYS, QP, KP, u=U, v=V, w_r=WR)
+    b = LOGITS(Q, KEYS, QP + shift, KP + shift, u=U, v=V, w_r=WR)
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("offset", [65_536, 10**6])
+def test_error_does_not_grow_with_position(offset):
+    # Arbitrary positions (gaps, Lq != Lk) far from 0, against the float64 reference.
+    rng = np.random.default_rng(offset)
+    qp = offset + np.sort(rng.choice(5000, size=(2, 3), replace=False), -1)
+    kp = offset + np.sort(rng.choice(5000, size=(2, 5), replace=False), -1)
+    want = naive(Q, KEYS, qp, kp, U, V, WR)
+    exact = LOGITS(Q, KEYS, jnp.asarray(qp), jnp.asarray(kp), u=U, v=V, w_r=WR)
+    np.testing.assert_allclose(exact, want, rtol=0, atol=2e-5)  # as at offset 0 (float32 rounding)
+    canonical = LOGITS(Q, KEYS, jnp.asarray(qp), jnp.asarray(kp), u=U, v=V, w_r=WR, angles="canonical")
+    assert np.abs(np.asarray(canonical) - want).max() > 1e-3  # what "exact" fixes
+
+
+def test_blocks_of_a_long_sequence_equal_the_full_call():
+    # Blocked attention calls logits per (query block, key block) with position slices.
+    q = jnp.asarray(RNG.normal(size=(1, 12, H, DH)), jnp.float32)
+    pos = (10**6 + 3 * jnp.arange(12))[None]  # non-contiguous, far from 0
+    full = LOGITS(q, q, pos, pos, u=U, v=V, w_r=WR)
+    for i in range(0, 12, 4):
+        for j in range(0, 12, 4):
+            blk = LOGITS(q[:, i:i + 4], q[:, j:j + 4], pos[:, i:i + 4], pos[:, j:j + 4], u=U, v=V, w_r=WR)
+            np.testing.assert_allclose(blk, full[..., i:i + 4, j:j + 4], rtol=0, atol=2e-5)
+
+
+def test_relative_embedding_exact_at_large_distances():
+    d = np.array([0, 7, -3, 65_536, 10**6, 2**31 - 1])
+    inv = np.float32(1e4 ** (-np.arange(0, 8, 2) / 8)).astype(np.float64)
+    theta = [[float((Fraction(int(x)) * Fraction(f)) % (2 * PI)) for f in inv] for x in d]
+    want = np.concatenate([np.sin(theta), np.cos(theta)], -1)
+    np.testing.assert_allclose(txl.relative_embedding(jnp.asarray(d), 8), want, rtol=0, atol=5e-7)
+    canonical = txl.relative_embedding(jnp.asarray(d), 8, angles="canonical")
+    assert np.abs(np.asarray(canonical) - want).max() > 1e-2
+    # float distances: the float32 product either way
+    np.testing.assert_array_equal(txl.relative_embedding(jnp.asarray(d[:3], jnp.float32), 8),
+                                  txl.relative_embedding(jnp.asarray(d[:3]), 8, angles="canonical"))
 
 
 def test_position_term_is_a_function_of_i_minus_j():
@@ -108,3 +157,7 @@ def test_shape_errors():
         txl.logits(Q, KEYS[..., :3], QP, KP, u=U, v=V, w_r=WR)
     with pytest.raises(ValueError, match="integer array"):
         txl.logits(Q, KEYS, QP.astype(jnp.float32), KP, u=U, v=V, w_r=WR)
+    with pytest.raises(ValueError, match=re.escape("unknown angles 'fp64'; choose one of: canonical, exact")):
+        txl.logits(Q, KEYS, QP, KP, u=U, v=V, w_r=WR, angles="fp64")
+    with pytest.raises(ValueError, match="contiguous must be True or False; got 1"):
+        txl.logits(Q, KEYS, QP, KP, u=U, v=V, w_r=WR, contiguous=1)
