@@ -54,22 +54,18 @@ KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrop
 TEMPERATURES = _m.TEMPERATURES  # YaRN attention-temperature formulas (see :func:`yarn`)
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _check_positive(name: str, value, allowed: str = "a positive number") -> float:
-    if not _is_real(value) or not value > 0 or not math.isfinite(value):
+    if not checks.is_real(value) or not value > 0 or not math.isfinite(value):
         raise ValueError(f"{name} must be {allowed}; got {value!r}")
     return float(value)
 
 
-def _check_rotary_dim(kind: str, rotary_dim) -> int:
+def _check_rotary_dim(kind: str, rotary_dim, name: str = "rotary_dim") -> int:
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
-        raise ValueError(f"rotary_dim must be a positive even integer; got {rotary_dim!r}")
+        raise ValueError(f"{name} must be a positive even integer; got {rotary_dim!r}")
     d = int(rotary_dim)
     if d <= 0 or d % 2:
-        raise ValueError(f"rotary_dim must be a positive even integer; got {d}")
+        raise ValueError(f"{name} must be a positive even integer; got {d}")
     if kind in ("ntk", "dynamic") and d < 4:
         # The NTK exponent d / (d - 2) is undefined at d = 2.
         raise ValueError(f"rotary_dim must be an even integer >= 4 for kind {kind!r}; got {d}")
@@ -92,9 +88,6 @@ def _seq_len_value(kind: str, seq_len):
     return int(seq_len)
 
 
-_F32 = np.float32
-
-
 def _check_factors(name: str, values, half: int) -> jax.Array:
     if values is None:
         raise ValueError(f"kind 'longrope' needs {name} (a sequence of {half} numbers); got None")
@@ -106,11 +99,11 @@ def _check_factors(name: str, values, half: int) -> jax.Array:
         )
     if not np.all(np.isfinite(arr)) or not np.all(arr > 0):
         raise ValueError(f"{name} entries must be positive and finite; got {values!r}")
-    return arr.astype(_F32)
+    return arr.astype(_m.F32)
 
 
 def _check_factor(factor) -> float:
-    if not _is_real(factor) or not math.isfinite(factor) or factor < 1:
+    if not checks.is_real(factor) or not math.isfinite(factor) or factor < 1:
         raise ValueError(f"factor must be a number >= 1; got {factor!r}")
     return float(factor)
 
@@ -160,7 +153,7 @@ def linear(rotary_dim, *, base=10000.0, factor=1.0):
     """Position interpolation (Chen et al. 2023): inv_i / s; attention factor 1."""
     d = _check_rotary_dim("linear", rotary_dim)
     base, factor = _check_base("linear", base), _check_factor(factor)
-    return _result(_m.default_inv_freq(base, d) / _F32(factor), 1.0)
+    return _result(_m.default_inv_freq(base, d) / _m.F32(factor), 1.0)
 
 
 def ntk(rotary_dim, *, base=10000.0, factor=1.0):
@@ -204,7 +197,7 @@ def _check_yarn_options(beta_fast, beta_slow, mscale, mscale_all_dim, truncate, 
             f"beta_fast must be >= beta_slow; got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}"
         )
     for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
-        if value is not None and (not _is_real(value) or not math.isfinite(value)):
+        if value is not None and (not checks.is_real(value) or not math.isfinite(value)):
             raise ValueError(f"{name} must be None or a finite number; got {value!r}")
     return beta_fast, beta_slow, bool(truncate)
 
@@ -305,7 +298,7 @@ def longrope(rotary_dim, *, base=10000.0, factor=1.0, original_length=None, seq_
         else:
             attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_length))
     shape = _m.powf(base, _m.exponents(d))
-    inv_short, inv_long = _F32(1.0) / (short * shape), _F32(1.0) / (long * shape)
+    inv_short, inv_long = _m.F32(1.0) / (short * shape), _m.F32(1.0) / (long * shape)
     if isinstance(n, jax.Array):
         return _result(jnp.where(n > original_length, inv_long, inv_short), float(attention_factor))
     return _result(inv_long if n > original_length else inv_short, float(attention_factor))
@@ -355,7 +348,7 @@ def proportional(head_dim, *, base=10000.0, factor=1.0, fraction=1.0):
     layout, do the pairs ((i, i + 4) against (i, i + 2)). Libraries have
     shipped silent mixes of the two (HF #48101 / #48652, pie-project/pie#603).
     """
-    d = _check_rotary_dim("proportional", head_dim)
+    d = _check_rotary_dim("proportional", head_dim, "head_dim")
     base, factor = _check_base("proportional", base), _check_factor(factor)
     fraction = checks.number("fraction", fraction, minimum=0.0, maximum=1.0)
     return _result(_m.proportional_inv_freq(base, d, fraction, factor), 1.0)
@@ -451,4 +444,4 @@ def _is_default(value, default) -> bool:
         return isinstance(value, (bool, np.bool_)) and bool(value) == default
     if isinstance(default, str):
         return isinstance(value, str) and value == default
-    return _is_real(value) and value == default
+    return checks.is_real(value) and value == default

@@ -661,6 +661,11 @@ def test_proportional_bad_fraction(p):
            fraction=p)
 
 
+def test_proportional_first_argument_is_the_head_dim():
+    raises("head_dim must be a positive even integer; got 7", "proportional", 7, fraction=0.5)
+    assert freqs("proportional", 12, fraction=0.5)[0].shape == (6,)
+
+
 def test_proportional_refuses_other_keywords():
     raises("frequencies('proportional') does not use original_length; it takes: base, factor, "
            "fraction", "proportional", 8, original_length=16)
