@@ -396,7 +396,7 @@ def frequencies(
     Calls the function of that kind (:data:`SCALINGS`; formulas in their
     docstrings) with the keywords it takes (:data:`KEYWORDS`). A keyword
     counts as given when its value differs from its default here (``None``,
-    or the number / bool shown); a given keyword the kind does not use
+    or the number, bool or string shown); a given keyword the kind does not use
     raises ValueError naming the keywords the kind takes. So a caller may
     forward a full set of keywords whose unused ones sit at their defaults,
     but ``frequencies("linear", d, original_length=4096)`` is refused rather
