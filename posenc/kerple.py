@@ -1,7 +1,20 @@
 """KERPLE: kernelized relative positional bias (logarithmic and power kernels).
 
 Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for
-Length Extrapolation".
+Length Extrapolation". Reference: chijames/KERPLE (GPT-NeoX fork),
+``megatron/mpu/layers.py``, ``ParallelKerpleLog`` / ``ParallelKerplePower``.
+
+Constraint. The reference clamps the stored parameter tensors in place
+(``bias_p.data = bias_p.data.clamp(min=eps)``, power: ``max=2``) at every
+forward pass, i.e. after every optimizer update: projected gradient descent.
+The pure equivalent is :func:`constrain`, which the training step applies
+to the stored a, p after each update. :func:`bias` also clamps, with a
+straight-through gradient: on constrained parameters that is the identity
+(the same forward value and gradient as the reference), and on parameters
+nobody constrained it keeps the kernel valid (a, p >= 0.01, p <= 2) and the
+gradient alive. It cannot keep the stored value from drifting below the
+bound, where the bias stops changing until the drift is undone; only
+:func:`constrain` does that.
 """
 
 from __future__ import annotations
@@ -37,6 +50,27 @@ def _clamp_jvp(lo, hi, primals, tangents):
     return _clamp(primals[0], lo, hi), tangents[0]
 
 
+def _check_kind(kind):
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
+
+
+def constrain(a, p, *, kind: str = "log"):
+    """Project stored parameters onto the kernel's domain: (max(a, 0.01), clip(p, 0.01, p_max)).
+
+    p_max is 2 for the power kernel (-a |i-j|^p is conditionally positive
+    definite for p in (0, 2]) and none for the log kernel, as in the
+    reference's in-place clamps. Apply it after each optimizer update (the
+    reference clamps before each forward pass, i.e. after each update).
+    Works on traced values; dtypes and shapes are kept.
+    """
+    _check_kind(kind)
+    a, p = jnp.asarray(a), jnp.asarray(p)
+    a = jnp.maximum(a, jnp.asarray(MIN_PARAM, a.dtype))
+    p = jnp.clip(p, jnp.asarray(MIN_PARAM, p.dtype), None if kind == "log" else jnp.asarray(MAX_POWER, p.dtype))
+    return a, p
+
+
 def bias(q_positions, k_positions, a, p, *, kind: str = "log") -> jax.Array:
     """KERPLE bias from per-head kernel parameters.
 
@@ -44,15 +78,15 @@ def bias(q_positions, k_positions, a, p, *, kind: str = "log") -> jax.Array:
     - ``kind="power"``: ``bias[h, i, j] = -a_h * |i - j|^p_h``
 
     ``a`` and ``p`` are clamped to >= 0.01 (and ``p <= 2`` for power) with a
-    straight-through gradient, as in the reference implementation. At
+    straight-through gradient (a no-op on parameters kept in range by
+    :func:`constrain`, see the module docstring). At
     ``|i - j| = 0`` the power kernel is 0 with finite gradients (0^p is
     guarded, so no NaN from ``0^p log 0``).
 
     Shapes: q_positions int [..., Lq], k_positions int [..., Lk], a [H], p [H]
     -> float32 [..., H, Lq, Lk].
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    _check_kind(kind)
     a = jnp.asarray(a, jnp.float32)
     p = jnp.asarray(p, jnp.float32)
     if a.ndim != 1 or p.shape != a.shape:
