@@ -162,7 +162,8 @@ def pair_offset(q_positions, k_positions) -> jax.Array:
     qp, kp = _positions(q_positions, "q_positions"), _positions(k_positions, "k_positions")
     if qp.ndim < 1 or kp.ndim < 1:
         raise ValueError("q_positions and k_positions must have shape [..., L]")
-    return jnp.floor_divide(jnp.max(kp, axis=-1) + jnp.min(qp, axis=-1), 2)
+    lo = jnp.min(qp, axis=-1)
+    return lo + jnp.floor_divide(jnp.max(kp, axis=-1) - lo, 2)  # never max + min: int32 overflows past 2^30
 
 
 def apply_pair(q, k, q_positions, k_positions, inv_freq, *, offset=None, scale_base=512.0, gamma=0.4,

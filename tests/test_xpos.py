@@ -145,6 +145,8 @@ def test_pair_offset_and_max_distance():
     np.testing.assert_array_equal(xpos.pair_offset(jnp.array([[3, 4, 5], [10, 11, 12]]),
                                                    jnp.array([[0, 1, 5], [0, 2, 12]])), [4, 11])  # (5 + 3) // 2, (12 + 10) // 2
     assert xpos.pair_offset(jnp.arange(64), jnp.arange(64)) == 31  # torchscale: -(-64 // 2) = 32
+    big = 2**30 + 5
+    assert int(xpos.pair_offset(jnp.array([big]), jnp.array([big + 8]))) == big + 4  # no int32 overflow
     assert xpos.max_distance() == 27_195
     for sb, g in ((512.0, 0.4), (64.0, 0.4), (512.0, 1.5)):
         d = xpos.max_distance(scale_base=sb, gamma=g)
