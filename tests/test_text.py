@@ -1,4 +1,4 @@
-"""Byte-level stdlib text: corpus hash and content, file-disjoint splits, real windows, jit, errors."""
+"""Text: stdlib corpus hash and content, own files, token memmaps, host / device windows, jit, errors."""
 
 import hashlib
 import json
@@ -121,15 +121,190 @@ def test_metadata_records_hash_size_and_python_version():
 def test_errors(task):
     eval_bytes = task.corpus.data["eval"].size
     too_long = eval_bytes  # needs eval_bytes + 1 bytes
-    with pytest.raises(ValueError, match=f"length {too_long} needs windows of {too_long + 1} bytes.*'eval'"):
+    needs = f"length {too_long} needs windows of {too_long + 1} tokens.*'eval'.*max_bytes"
+    with pytest.raises(ValueError, match=needs):
         task.batch(jax.random.key(0), 2, too_long, split="eval")
     with pytest.raises(ValueError, match="length 0 is too short for task 'text'.*>= 1"):
         task.batch(jax.random.key(0), 2, 0)
     with pytest.raises(ValueError, match="unknown split 'valid'"):
         task.batch(jax.random.key(0), 2, 8, split="valid")
-    with pytest.raises(ValueError, match="unknown option 'bytes' for task 'text'; choose from: max_bytes, eval_fraction"):
+    allowed = "max_bytes, eval_fraction, path, tokens, token_dtype, vocab_size, device_limit"
+    with pytest.raises(ValueError, match=f"unknown option 'bytes' for task 'text'; choose from: {allowed}$"):
         tasks.make("text", bytes=10)
     with pytest.raises(ValueError, match="eval_fraction must be in \\(0, 1\\), got 1.5"):
         tasks.make("text", eval_fraction=1.5)
-    with pytest.raises(ValueError, match="max_bytes must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_bytes must be an integer >= 1; got 0"):
         tasks.make("text", max_bytes=0)
+    with pytest.raises(ValueError, match="give one of path \\(text files\\) and tokens"):
+        tasks.make("text", path=text.stdlib_root(), tokens=text.stdlib_root())
+
+
+# ------------------------------------------------------------- your own text
+def write(path, content):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return content
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    """A directory of 40 small text files (plus hidden ones that are skipped): (root, {relpath: bytes})."""
+    root = tmp_path_factory.mktemp("docs")
+    rng = np.random.default_rng(0)
+    files = {}
+    for i in range(40):
+        rel = f"{'sub/' if i % 3 == 0 else ''}doc{i:02d}.txt"
+        words = rng.choice(["alpha", "beta", "gamma", "delta", "\n"], size=rng.integers(20, 60))
+        files[rel] = write(root / rel, (" ".join(words) + f" [{i}]").encode())
+    write(root / ".hidden.txt", b"never read")
+    write(root / ".git" / "config", b"never read either")
+    return root, files
+
+
+def test_directory_corpus_is_the_sorted_files_with_separators_split_by_file(docs):
+    root, files = docs
+    task = tasks.make("text", path=str(root), eval_fraction=0.3)
+    corpus = task.corpus
+    joined = b"".join(files[p] + b"\x00" for p in sorted(files))
+    assert corpus.sha256 == hashlib.sha256(joined).hexdigest() and corpus.num_bytes == len(joined)
+    assert [f[0] for f in corpus.files] == sorted(files) and corpus.split_rule == "file"
+    for rel, split, start, stop in corpus.files:
+        assert split == text.file_split(rel, 0.3)
+        assert corpus.data[split][start:stop].tobytes() == files[rel] + b"\x00"
+    assert {f[1] for f in corpus.files} == {"train", "eval"}
+    meta = json.loads(json.dumps(task.metadata()))
+    assert meta["corpus"] == "files" and meta["path"] == str(root) and meta["sha256"] == corpus.sha256
+    assert meta["num_files"] == 40 and meta["split_rule"] == "file" and meta["vocab_size"] == 256
+    for split in ("train", "eval"):
+        batch = task.batch(jax.random.key(1), 6, 16, split=split)
+        data = corpus.data[split].tobytes()
+        for row_in, row_t in zip(np.asarray(batch["inputs"]), np.asarray(batch["targets"])):
+            assert np.concatenate([row_in[:1], row_t]).astype(np.uint8).tobytes() in data
+    # max_bytes truncates the same concatenation; the cache notices changed files.
+    assert tasks.make("text", path=str(root), max_bytes=500, eval_fraction=0.3).corpus.sha256 == \
+        hashlib.sha256(joined[:500]).hexdigest()
+
+
+def test_single_file_is_split_at_its_tail(tmp_path):
+    content = write(tmp_path / "book.txt", bytes(range(32, 127)) * 20)
+    task = tasks.make("text", path=str(tmp_path / "book.txt"), eval_fraction=0.25)
+    cut = round((len(content) + 1) * 0.75)
+    whole = content + b"\x00"
+    assert task.corpus.split_rule == "tail" and task.corpus.data["train"].tobytes() == whole[:cut]
+    assert task.corpus.data["eval"].tobytes() == whole[cut:]
+    write(tmp_path / "book.txt", content[:-1] + b"!")  # an edited file is read again, not served from cache
+    assert tasks.make("text", path=str(tmp_path / "book.txt"), eval_fraction=0.25).corpus.sha256 != task.corpus.sha256
+
+
+def test_bad_paths_raise_when_the_task_is_made(tmp_path):
+    with pytest.raises(ValueError, match="path '/nonexistent/corpus' does not exist"):
+        tasks.make("text", path="/nonexistent/corpus")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no readable files"):
+        tasks.make("text", path=str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="tokens '/nonexistent/tokens.bin' does not exist"):
+        tasks.make("text", tokens="/nonexistent/tokens.bin")
+    (tmp_path / "nano").mkdir()
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "nano" / "train.bin")
+    with pytest.raises(ValueError, match="lacks val.bin \\(nanoGPT layout: train.bin and val.bin\\)"):
+        tasks.make("text", tokens=str(tmp_path / "nano"))
+    write(tmp_path / "odd.bin", b"\x01\x02\x03")
+    with pytest.raises(ValueError, match="has 3 bytes: not a non-empty array of uint16"):
+        tasks.make("text", tokens=str(tmp_path / "odd.bin"))
+    with pytest.raises(ValueError, match="unknown token_dtype 'int32'; choose one of: uint16, uint8"):
+        tasks.make("text", tokens=str(tmp_path / "odd.bin"), token_dtype="int32")
+    with pytest.raises(ValueError, match="max_bytes applies to byte corpora"):
+        tasks.make("text", tokens=str(tmp_path / "odd.bin"), max_bytes=10)
+    write(tmp_path / "one.txt", b"x")
+    with pytest.raises(ValueError, match="has 2 tokens: too few to split"):
+        tasks.make("text", path=str(tmp_path / "one.txt"))
+
+
+# --------------------------------------------------------------- token memmaps
+@pytest.fixture(scope="module")
+def nanogpt(tmp_path_factory):
+    """A nanoGPT-layout directory: train.bin and val.bin of uint16 tokens."""
+    root = tmp_path_factory.mktemp("nanogpt")
+    rng = np.random.default_rng(1)
+    train = rng.integers(0, 50257, 5000, dtype=np.uint16)
+    val = rng.integers(0, 50257, 700, dtype=np.uint16)
+    train.tofile(root / "train.bin")
+    val.tofile(root / "val.bin")
+    return root, train, val
+
+
+def windows(batch):
+    return np.concatenate([np.asarray(batch["inputs"])[:, :1], np.asarray(batch["targets"])], axis=1)
+
+
+def is_slice(window, data):
+    starts = np.flatnonzero(data[: data.size - window.size + 1] == window[0])
+    return any(np.array_equal(data[s:s + window.size], window) for s in starts)
+
+
+def test_nanogpt_memmap_splits_hash_vocab_and_windows(nanogpt):
+    root, train, val = nanogpt
+    task = tasks.make("text", tokens=str(root))
+    corpus = task.corpus
+    assert isinstance(corpus.data["train"], np.memmap) and corpus.split_rule == "files"
+    assert corpus.sha256 == hashlib.sha256(train.tobytes() + val.tobytes()).hexdigest()
+    assert task.vocab_size == int(max(train.max(), val.max())) + 1
+    assert tasks.make("text", tokens=str(root), vocab_size=50304).vocab_size == 50304  # nanoGPT's padded vocab
+    with pytest.raises(ValueError, match=f"vocab_size must be an integer in \\[{task.vocab_size}, 65536\\]"):
+        tasks.make("text", tokens=str(root), vocab_size=1000)
+    meta = json.loads(json.dumps(task.metadata()))
+    assert meta["corpus"] == "token-memmap" and meta["dtype"] == "uint16" and meta["num_tokens"] == 5700
+    assert meta["train_tokens"] == 5000 and meta["eval_tokens"] == 700 and meta["batches_from"] == "device"
+    for split, data in (("train", train), ("eval", val)):
+        for w in windows(task.batch(jax.random.key(2), 5, 32, split=split)):
+            assert is_slice(w.astype(np.uint16), data)
+    with pytest.raises(ValueError, match="length 700 needs windows of 701 tokens but the 'eval' split holds 700"):
+        task.batch(jax.random.key(0), 2, 700, split="eval")
+
+
+def test_single_bin_file_uint8_tail_split(tmp_path):
+    data = np.random.default_rng(2).integers(0, 256, 4000, dtype=np.uint8)
+    data.tofile(tmp_path / "corpus.bin")
+    task = tasks.make("text", tokens=str(tmp_path / "corpus.bin"), token_dtype="uint8", eval_fraction=0.1)
+    assert task.vocab_size == 256 and task.corpus.split_rule == "tail"
+    np.testing.assert_array_equal(task.corpus.data["train"], data[:3600])
+    np.testing.assert_array_equal(task.corpus.data["eval"], data[3600:])
+
+
+def test_host_windows_equal_device_windows_under_jit_and_vmap(nanogpt, tmp_path):
+    root, train, val = nanogpt
+    train.tofile(tmp_path / "train.bin")
+    val.tofile(tmp_path / "val.bin")
+    host = tasks.make("text", tokens=str(tmp_path), device_limit=0)
+    assert not host.on_device and host.metadata()["batches_from"] == "host"
+    assert host.corpus.device == {}  # nothing was copied to the device
+    with pytest.raises(ValueError, match="stays on the host"):
+        host.split_data("train")
+    device = tasks.make("text", tokens=str(tmp_path))
+    assert device.on_device and device.corpus is host.corpus  # one corpus, read once
+    key = jax.random.key(4)
+    for a, b in ((device.batch(key, 6, 24), host.batch(key, 6, 24)),
+                 (jax.jit(device.batch, static_argnums=(1, 2))(key, 6, 24),
+                  jax.jit(host.batch, static_argnums=(1, 2))(key, 6, 24))):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    keys = jax.random.split(key, 3)
+    a = jax.vmap(lambda k: device.batch(k, 4, 16))(keys)
+    b = jax.vmap(lambda k: host.batch(k, 4, 16))(keys)
+    np.testing.assert_array_equal(a["inputs"], b["inputs"])
+    assert a["inputs"].shape == (3, 4, 16) and not np.array_equal(b["inputs"][0], b["inputs"][1])
+    reseeded = tasks.make("text", tokens=str(tmp_path), device_limit=0, seed=5).batch(key, 6, 24)
+    assert not np.array_equal(reseeded["inputs"], host.batch(key, 6, 24)["inputs"])
+
+
+def test_offsets_past_int32_come_from_two_words(nanogpt, monkeypatch):
+    root, train, _ = nanogpt
+    monkeypatch.setattr(text, "_INT32_SPAN", 64)  # as if the split held more than 2**31 tokens
+    host = tasks.make("text", tokens=str(root), device_limit=0)
+    first = windows(host.batch(jax.random.key(5), 8, 16))
+    np.testing.assert_array_equal(first, windows(host.batch(jax.random.key(5), 8, 16)))
+    starts = []
+    for w in first:
+        assert is_slice(w.astype(np.uint16), train)
+        starts.append(int(np.flatnonzero(train == w[0])[0]))
+    assert len(set(starts)) == 8  # spread over the split, not piled at the start

@@ -1,63 +1,50 @@
-"""Deterministic synthetic tasks and byte-level text for length-extrapolation studies.
+"""Deterministic synthetic tasks and text for length-extrapolation studies.
 
     import posenc.tasks as tasks
     task = tasks.make("copy", seed=0, alphabet=16)
-    b = task.batch(jax.random.key(0), 32, 64)                  # training sizes 1..max_size(64)
+    b = task.batch(jax.random.key(0), 32, 64)                  # training sizes smallest..max_size(64)
     b = task.batch(key, 32, 256, split="eval")                 # every example at max_size(256)
     b["inputs"], b["targets"]: int32 [B, L]; b["mask"]: float32 [B, L], 1.0 on answer tokens
 
-Every task has ``name``, ``vocab_size`` (specials included), ``batch(key,
-batch_size, length, *, min_size=None, split="train")``, ``max_size(length)``
-and ``metadata()``. Formats and token ids: :mod:`posenc.tasks.base`,
-:mod:`posenc.tasks.synthetic`, :mod:`posenc.tasks.algorithmic`,
-:mod:`posenc.tasks.text`.
+Every task has ``name``, ``vocab_size`` (specials included), ``level``
+("R", "DCF", "CS" or None), ``source``, ``batch(key, batch_size, length, *,
+min_size=None, split="train")``, ``max_size(length)``, ``min_length()``,
+``metadata()``, ``options()`` and ``with_options(**overrides)``; a task
+with an ``eval_sweep`` (passkey depth, flip-flop ignore probability) lists
+its sweep points with ``sweep()``. The registry (:mod:`posenc.tasks.registry`)
+is read off the task classes: ``TASKS`` maps every name (aliases included)
+to its description, ``spec(name)`` gives its source, level and options.
+
+Families: :mod:`~posenc.tasks.synthetic` (copy, reverse, sort, parity),
+:mod:`~posenc.tasks.algorithmic` (recall, addition), the Chomsky hierarchy
+of Delétang et al. 2023 (:mod:`~posenc.tasks.chomsky_regular`,
+:mod:`~posenc.tasks.chomsky_dcf`, :mod:`~posenc.tasks.chomsky_cs`),
+Kazemnejad et al. 2023 (:mod:`~posenc.tasks.kazemnejad`), recall and state
+tracking (:mod:`~posenc.tasks.recall_tasks`), :mod:`~posenc.tasks.passkey`
+and :mod:`~posenc.tasks.text`. Token ids: :mod:`posenc.tasks.base`.
 """
 
 from __future__ import annotations
 
-from posenc.tasks.algorithmic import PLUS, Addition, Recall
+import importlib
+import pkgutil
+
 from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, NUM_SPECIAL, PAD, SEP, SPLITS, Task
-from posenc.tasks.synthetic import Copy, Parity, Reverse, Sort
-from posenc.tasks.text import Text
+from posenc.tasks.registry import LEVELS, TASKS, make, spec, task_class
 
-_CLASSES = {cls.name: cls for cls in (Copy, Reverse, Recall, Sort, Addition, Parity, Text)}
+# Family modules in the order TASKS lists them; any other module of the
+# package is imported after them, so a new file of task classes needs no edit here.
+_FAMILIES = ("synthetic", "algorithmic", "chomsky_regular", "chomsky_dcf", "chomsky_cs", "kazemnejad",
+             "recall_tasks", "passkey", "text")
+_MODULES = sorted(m.name for m in pkgutil.iter_modules(__path__))
+for _module in (*(m for m in _FAMILIES if m in _MODULES), *_MODULES):
+    importlib.import_module(f"{__name__}.{_module}")
 
-TASKS: dict[str, str] = {
-    "copy": "BOS x SEP x: copy a string of `alphabet` symbols",
-    "reverse": "BOS x SEP reversed(x)",
-    "recall": "associative recall: BOS k1 v1 .. kn vn SEP then each key queried, answer its value",
-    "sort": "BOS x SEP sorted(x)",
-    "addition": "BOS a + b = c EOS, n-digit operands, sum digits reversed by default",
-    "parity": "BOS bits SEP parity bit (negative control: does not extrapolate)",
-    "text": "byte-level language modelling on the Python stdlib source (hash in metadata)",
-}
-
-_OPTIONS = {
-    "copy": ("alphabet",),
-    "reverse": ("alphabet",),
-    "sort": ("alphabet",),
-    "recall": ("keys", "values"),
-    "addition": ("reverse_output", "reverse_operands"),
-    "parity": (),
-    "text": ("max_bytes", "eval_fraction"),
-}
-
-
-def make(name: str, *, seed: int = 0, **options):
-    """The task ``name`` (one of ``TASKS``) with its ``options``; ValueError on a bad name or option."""
-    if name not in _CLASSES:
-        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}")
-    allowed = _OPTIONS[name]
-    for option in options:
-        if option not in allowed:
-            raise ValueError(
-                f"unknown option {option!r} for task {name!r}; choose from: "
-                f"{', '.join(allowed) if allowed else '(none)'}"
-            )
-    return _CLASSES[name](seed=seed, **options)
-
+from posenc.tasks.algorithmic import PLUS, Addition, Recall  # noqa: E402
+from posenc.tasks.synthetic import Copy, Parity, Reverse, Sort  # noqa: E402
+from posenc.tasks.text import Text  # noqa: E402
 
 __all__ = [
-    "TASKS", "make", "Task", "Copy", "Reverse", "Recall", "Sort", "Addition", "Parity", "Text",
-    "PAD", "BOS", "SEP", "EOS", "PLUS", "FIRST_SYMBOL", "NUM_SPECIAL", "SPLITS",
+    "TASKS", "LEVELS", "make", "spec", "task_class", "Task", "Copy", "Reverse", "Recall", "Sort", "Addition",
+    "Parity", "Text", "PAD", "BOS", "SEP", "EOS", "PLUS", "FIRST_SYMBOL", "NUM_SPECIAL", "SPLITS",
 ]

@@ -35,24 +35,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, NUM_SPECIAL, PAD, SEP, WORD, Task, check_int, gather, segment
+from posenc import checks
+from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, PAD, SEP, WORD, Task, check_int, gather, segment
 
 
 class Recall(Task):
     """recall: ``BOS k1 v1 .. kn vn SEP q1 a1 .. qn an`` with a_i = value of key q_i."""
 
-    name = "recall"
+    names = ("recall",)
+    description = "associative recall: BOS k1 v1 .. kn vn SEP then each key queried, answer its value"
+    source = "Ba et al. 2016; Olsson et al. 2022; Arora et al. 2023 (Zoology)"
     per_size, overhead = 4, 2
 
     def __init__(self, *, keys: int = 64, values: int = 16, seed: int = 0):
         self.keys = check_int("keys", keys, minimum=1)
         self.values = check_int("values", values, minimum=2)
-        self.vocab_size = NUM_SPECIAL + self.keys + self.values
+        self.symbols = tuple(f"k{i}" for i in range(self.keys)) + tuple(f"v{i}" for i in range(self.values))
         self.size_cap = self.keys
         super().__init__(seed=seed)
-
-    def options(self) -> dict:
-        return {"keys": self.keys, "values": self.values}
 
     def _bounds(self, max_n):
         return [WORD] * self.keys + [self.values] * max_n + [WORD] * max_n
@@ -87,20 +87,16 @@ PLUS = FIRST_SYMBOL + 10
 class Addition(Task):
     """addition: ``BOS a + b = c EOS`` with n-digit a, b and the n + 1 digits of c = a + b."""
 
-    name = "addition"
+    names = ("addition",)
+    description = "BOS a + b = c EOS, n-digit operands, sum digits reversed by default"
+    source = "Kazemnejad et al. 2023 (make_addition_dataset.py); Lee et al. 2023; Zhou et al. 2024"
+    symbols = tuple("0123456789") + ("+",)
     per_size, overhead = 3, 5
 
     def __init__(self, *, reverse_output: bool = True, reverse_operands: bool = False, seed: int = 0):
-        for opt, value in (("reverse_output", reverse_output), ("reverse_operands", reverse_operands)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{opt} must be True or False, got {value!r}")
-        self.reverse_output = reverse_output
-        self.reverse_operands = reverse_operands
-        self.vocab_size = NUM_SPECIAL + 11
+        self.reverse_output = checks.boolean("reverse_output", reverse_output)
+        self.reverse_operands = checks.boolean("reverse_operands", reverse_operands)
         super().__init__(seed=seed)
-
-    def options(self) -> dict:
-        return {"reverse_output": self.reverse_output, "reverse_operands": self.reverse_operands}
 
     def _bounds(self, max_n):
         return [10] * (2 * max_n)

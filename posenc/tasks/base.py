@@ -17,9 +17,16 @@ example is only ever a target, so an example fits when
 ``seq_len(n) <= length + 1``.
 
 Sizes: at training (``split="train"``) each example draws ``n`` uniformly
-from ``[min_size, max_size(length)]``; at evaluation (``split="eval"``) every
-example has ``n = max_size(length)``, so evaluating at 4x the training length
-tests 4x longer problems (Delétang et al. 2023; Ruoss et al. 2023).
+from ``[min_size, max_size(length)]`` (``min_size`` defaults to the task's
+``smallest`` size); at evaluation (``split="eval"``) every example has
+``n = max_size(length)``, so evaluating at 4x the training length tests
+problems at least 4x larger (Delétang et al. 2023; Ruoss et al. 2023).
+
+Size laws: ``seq_len(n)`` is the most tokens a size-``n`` example takes
+(BOS to its last answer token; an example may be shorter, padded with PAD).
+By default it is linear, ``per_size * n + overhead``; a task may override
+``seq_len`` with any non-decreasing law (``law`` names it in metadata), and
+``max_size`` inverts it by search.
 """
 
 from __future__ import annotations
@@ -28,11 +35,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from posenc import checks
+from posenc.tasks.registry import Registered
+
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 FIRST_SYMBOL = 4
 NUM_SPECIAL = 4
+SPECIALS = ("PAD", "BOS", "SEP", "EOS")
 SPLITS = ("train", "eval")
-WORD = 2**31  # bound of the random words used for shuffles (argsort keys)
+WORD = 2**31  # bound of the random words used for shuffles (argsort keys) and traced-bound draws
 
 _COMPILED: dict = {}
 
@@ -44,28 +55,28 @@ def check_split(split) -> str:
     return split
 
 
-def check_int(name: str, value, *, minimum: int) -> int:
-    """Return ``value`` as an int if it is an integer >= ``minimum``, else raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+def check_int(name: str, value, *, minimum: int, maximum: int | None = None) -> int:
+    """Return ``value`` as an int if it is an integer in range, else raise ValueError."""
+    return checks.integer(name, value, minimum=minimum, maximum=maximum)
 
 
-class Task:
+class Task(Registered):
     """A deterministic synthetic task: ``batch(key, B, length)`` -> dict of arrays.
 
-    Subclasses set ``name``, ``vocab_size``, the linear size law
-    ``seq_len(n) = per_size * n + overhead`` (tokens of a size-``n`` example,
-    BOS to last answer token), optionally ``size_cap`` (the largest ``n`` the
-    options allow), and implement ``_bounds(max_n)`` (the random integers an
-    example needs) and ``_example(draws, n, max_n, width)`` for one example
-    with a traced size ``n``.
+    Subclasses declare the registry facts (:mod:`posenc.tasks.registry`),
+    ``symbols`` (the names of ids ``FIRST_SYMBOL, FIRST_SYMBOL + 1, ...``;
+    ``vocab_size`` is ``NUM_SPECIAL + len(symbols)``), the size law
+    (``per_size`` / ``overhead``, or ``seq_len`` and ``law``), ``smallest``
+    (the smallest problem size), optionally ``size_cap`` (the largest ``n``
+    the options allow), and implement ``_bounds(max_n)`` (the random
+    integers an example needs) and ``_example(draws, n, max_n, width)`` for
+    one example with a traced size ``n``.
     """
 
-    name: str = ""
-    vocab_size: int = 0
+    symbols: tuple[str, ...] = ()
     per_size: int = 1
     overhead: int = 0
+    smallest: int = 1
     size_cap: int | None = None
 
     def __init__(self, *, seed: int = 0):
@@ -77,27 +88,52 @@ class Task:
             _COMPILED[spec] = jax.jit(self._generate, static_argnums=(1, 2, 3, 4))
         self._generate_jit = _COMPILED[spec]
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids in use: the specials, then one id per symbol."""
+        return NUM_SPECIAL + len(self.symbols)
+
+    def token(self, symbol: str) -> int:
+        """The id of ``symbol`` (one of ``symbols``)."""
+        return FIRST_SYMBOL + self.symbols.index(symbol)
+
+    def render(self, ids) -> str:
+        """Token ids as space-separated names (PAD shown as '.'), for reading examples."""
+        names = (".", "BOS", "SEP", "EOS", *self.symbols)
+        return " ".join(names[int(i)] for i in np.asarray(ids).ravel())
+
     # ------------------------------------------------------------------ sizes
+    @property
+    def law(self) -> str:
+        """The size law in words: tokens of a size-``n`` example."""
+        return f"{self.per_size} * n + {self.overhead}"
+
     def seq_len(self, n: int) -> int:
-        """Tokens of a size-``n`` example, from BOS to its last answer token."""
+        """Most tokens of a size-``n`` example, from BOS to its last answer token."""
         return self.per_size * n + self.overhead
 
     def min_length(self) -> int:
-        """The shortest ``length`` that fits a size-1 example."""
-        return self.seq_len(1) - 1
+        """The shortest ``length`` that fits a problem of the smallest size."""
+        return self.seq_len(self.smallest) - 1
 
     def max_size(self, length: int) -> int:
         """The largest problem size ``n`` whose example fits in ``length`` input tokens."""
         length = self._check_length(length)
-        n = (length + 1 - self.overhead) // self.per_size
-        return n if self.size_cap is None else min(n, self.size_cap)
+        fits = lambda n: self.seq_len(n) <= length + 1  # noqa: E731
+        lo, hi = self.smallest, self.smallest + 1
+        while fits(hi) and (self.size_cap is None or hi <= self.size_cap):
+            lo, hi = hi, 2 * hi
+        while hi - lo > 1:  # fits(lo) and not fits(hi): bisect the non-decreasing law
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo if self.size_cap is None else min(lo, self.size_cap)
 
     def _check_length(self, length) -> int:
-        if isinstance(length, bool) or not isinstance(length, int):
+        if not checks.is_int(length):
             raise ValueError(f"length must be an integer, got {length!r}")
         if length < self.min_length():
             raise ValueError(
-                f"length {length} is too short for task {self.name!r}: a size-1 problem "
+                f"length {length} is too short for task {self.name!r}: a size-{self.smallest} problem "
                 f"needs length >= {self.min_length()}"
             )
         return int(length)
@@ -118,17 +154,17 @@ class Task:
         max_n = self.max_size(length)
         check_split(split)
         if min_size is None:
-            min_size = 1
-        if isinstance(min_size, bool) or not isinstance(min_size, int) or not 1 <= min_size <= max_n:
+            min_size = self.smallest
+        if not checks.is_int(min_size) or not self.smallest <= min_size <= max_n:
             raise ValueError(
-                f"min_size {min_size!r} is outside [1, {max_n}] (max_size of task "
+                f"min_size {min_size!r} is outside [{self.smallest}, {max_n}] (sizes of task "
                 f"{self.name!r} at length {length})"
             )
-        lo = max_n if split == "eval" else min_size
+        lo = max_n if split == "eval" else int(min_size)
         if self.seed:
             # Different task seeds give different data from the same trainer key.
             key = jax.random.fold_in(key, self.seed)
-        return self._generate_jit(key, batch_size, length, lo, max_n)
+        return self._generate_jit(key, batch_size, int(length), lo, max_n)
 
     def _generate(self, key, batch_size, length, lo, hi):
         # All randomness of the batch in one draw of 32-bit words, reduced
@@ -161,23 +197,21 @@ class Task:
     def metadata(self) -> dict:
         """JSON-serialisable facts about the task, recorded with results."""
         return {
-            "name": self.name,
+            **self.describe(),
             "vocab_size": self.vocab_size,
             "seed": self.seed,
-            "format": f"seq_len(n) = {self.per_size} * n + {self.overhead}",
+            "format": f"seq_len(n) = {self.law}",
+            "smallest": self.smallest,
             "size_cap": self.size_cap,
-            **self.options(),
+            "symbols": list(self.symbols),
         }
-
-    def options(self) -> dict:
-        """The task's options (the keyword arguments it was made with)."""
-        return {}
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
         return f"{type(self).__name__}({opts}{', ' if opts else ''}seed={self.seed})"
 
 
+# ------------------------------------------------------------ example helpers
 def segment(pos, start, n):
     """Boolean mask and offset of positions ``start <= pos < start + n``."""
     inside = (pos >= start) & (pos < start + n)
@@ -187,3 +221,45 @@ def segment(pos, start, n):
 def gather(values, index):
     """``values[index]`` with ``index`` clipped (out-of-segment lanes are masked later)."""
     return jnp.take(values, jnp.clip(index, 0, values.shape[0] - 1), axis=0)
+
+
+def compose(width, *parts):
+    """Lay ``parts`` end to end from position 0: (tokens int32 [width], answer bool [width]).
+
+    Each part is ``(ids, count, is_answer)``: ``ids`` a scalar (repeated) or an
+    array (its first ``count`` entries), ``count`` a traced or static length.
+    Positions past the last part are PAD.
+    """
+    pos = jnp.arange(width)
+    tokens = jnp.full((width,), PAD, jnp.int32)
+    answer = jnp.zeros((width,), bool)
+    offset = 0
+    for ids, count, is_answer in parts:
+        inside, index = segment(pos, offset, count)
+        ids = jnp.asarray(ids, jnp.int32)
+        values = gather(ids, index) if ids.ndim else ids
+        tokens = jnp.where(inside, values, tokens)
+        if is_answer:
+            answer = answer | inside
+        offset = offset + count
+    return tokens, answer
+
+
+def uniform(word, lo, hi):
+    """An integer uniform in ``[lo, hi]`` (traced bounds) from a draw of bound ``WORD``."""
+    return lo + word % jnp.maximum(hi - lo + 1, 1)
+
+
+def unit(word):
+    """A float32 uniform in (0, 1) from a draw of bound ``WORD``."""
+    return (word.astype(jnp.float32) + 0.5) / float(WORD)
+
+
+def permutation(words, live=None):
+    """A random permutation from argsort of ``words``; with ``live`` (a prefix), live entries come first.
+
+    Dead entries sort as ``WORD - 1``; argsort is stable, so a live tie with them still comes first.
+    """
+    if live is not None:
+        words = jnp.where(live, words, WORD - 1)
+    return jnp.argsort(words, stable=True)

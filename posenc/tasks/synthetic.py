@@ -24,14 +24,16 @@ duplicates kept), 2n + 2 tokens.
 parity: ``BOS 1 0 1 SEP 0`` over the two symbols 0 / 1 (ids 4 / 5); the
 answer is one symbol, the parity of the number of ones, n + 3 tokens. A
 negative control: parity is known not to extrapolate with any positional
-encoding (Delétang et al. 2023; Anil et al. 2022).
+encoding (Delétang et al. 2023; Anil et al. 2022). ``parity_check`` is the
+same task under its name in Delétang et al. (regular; bits of length n,
+answer the number of ones mod 2).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from posenc.tasks.base import BOS, FIRST_SYMBOL, NUM_SPECIAL, PAD, SEP, Task, check_int, gather, segment
+from posenc.tasks.base import BOS, FIRST_SYMBOL, PAD, SEP, Task, check_int, gather, segment
 
 
 class _Transduction(Task):
@@ -41,11 +43,8 @@ class _Transduction(Task):
 
     def __init__(self, *, alphabet: int = 16, seed: int = 0):
         self.alphabet = check_int("alphabet", alphabet, minimum=2)
-        self.vocab_size = NUM_SPECIAL + self.alphabet
+        self.symbols = tuple(str(i) for i in range(self.alphabet))
         super().__init__(seed=seed)
-
-    def options(self) -> dict:
-        return {"alphabet": self.alphabet}
 
     def _answer(self, x, n):
         """The answer symbols for problem ``x[:n]`` (entries past ``n`` are ignored)."""
@@ -69,9 +68,11 @@ class _Transduction(Task):
 
 
 class Copy(_Transduction):
-    """copy: ``BOS x SEP x`` (Delétang et al. 2023 "duplicate string"; Kazemnejad et al. 2023)."""
+    """copy: ``BOS x SEP x`` (Kazemnejad et al. 2023; Delétang et al. 2023 duplicate x x is ``duplicate_string``)."""
 
-    name = "copy"
+    names = ("copy",)
+    description = "BOS x SEP x: copy a string of `alphabet` symbols"
+    source = "Kazemnejad et al. 2023 (McGill-NLP/length-generalization, make_copy_dataset.py)"
 
     def _answer(self, x, n):
         return x
@@ -80,7 +81,10 @@ class Copy(_Transduction):
 class Reverse(_Transduction):
     """reverse: ``BOS x SEP reversed(x)`` (Delétang et al. 2023; Kazemnejad et al. 2023)."""
 
-    name = "reverse"
+    names = ("reverse",)
+    description = "BOS x SEP reversed(x)"
+    source = "Kazemnejad et al. 2023 (McGill-NLP/length-generalization, make_reverse_dataset.py)"
+    level = "DCF"
 
     def _answer(self, x, n):
         # y_i = x_{n-1-i}; indices past n are clipped and masked by the caller.
@@ -90,7 +94,10 @@ class Reverse(_Transduction):
 class Sort(_Transduction):
     """sort: ``BOS x SEP sorted(x)`` (Delétang et al. 2023; Ruoss et al. 2023)."""
 
-    name = "sort"
+    names = ("sort",)
+    description = "BOS x SEP sorted(x)"
+    source = "Kazemnejad et al. 2023 (make_sort_dataset.py); Delétang et al. 2023 bucket sort"
+    level = "CS"
 
     def _answer(self, x, n):
         # Push the unused tail past every symbol so the first n sorted entries are x[:n] sorted.
@@ -101,11 +108,15 @@ class Sort(_Transduction):
 class Parity(Task):
     """parity: ``BOS b_1..b_n SEP (sum b mod 2)`` (Delétang et al. 2023; a negative control)."""
 
-    name = "parity"
+    names = ("parity", "parity_check")
+    description = "BOS bits SEP parity bit (negative control: does not extrapolate)"
+    source = ("Delétang et al. 2023 parity check (google-deepmind/randomized_positional_encodings "
+              "tasks/regular/parity_check.py)")
+    level = "R"
+    symbols = ("0", "1")
     per_size, overhead = 1, 3
 
     def __init__(self, *, seed: int = 0):
-        self.vocab_size = NUM_SPECIAL + 2
         super().__init__(seed=seed)
 
     def _bounds(self, max_n):

@@ -1,187 +1,131 @@
-"""Byte-level language modelling on the Python standard library's own source.
+"""Language modelling on a corpus: the Python stdlib source by default, or your own text or tokens.
 
-A real-text counterpart of the synthetic tasks that needs no download: the
-``.py`` files under ``sysconfig.get_paths()["stdlib"]`` (skipping
-``site-packages``, ``dist-packages``, ``__pycache__`` and test directories
-``test`` / ``tests`` / ``idle_test``), read as raw bytes in sorted relative
-path order, each followed by one NUL byte (``SEPARATOR``; NUL never occurs in
-the stdlib's source, so it marks document boundaries unambiguously), and the
-concatenation truncated to ``max_bytes``. The corpus differs between Python
-versions, so ``metadata()`` records its SHA-256, byte count and the Python
-version; equal hashes mean comparable results.
+A real-text counterpart of the synthetic tasks that needs no download. The
+corpus (:mod:`posenc.tasks.corpus`) is one of
 
-Split: a file belongs to "eval" when the first 8 bytes of SHA-256 of its
-relative path, read as a fraction of 2**64, fall below ``eval_fraction``
-(default 0.05), else to "train"; each split is the concatenation of its
-files (with separators) in corpus order, so the splits share no file.
+* the stdlib's ``.py`` source as bytes (default; ``max_bytes`` 8,000,000);
+* ``path=``: a text file or a directory of text files, as bytes;
+* ``tokens=``: a nanoGPT-style ``.bin`` memmap (``token_dtype`` "uint16"
+  default, or "uint8"), a file or a directory with ``train.bin`` /
+  ``val.bin``, for corpora larger than memory.
 
-Vocabulary: the 256 byte values, token id = byte value (no special tokens).
-``batch`` draws ``batch_size`` random windows of ``length + 1`` bytes from
-the split (uniform start offsets; windows may span a file boundary), with
-``inputs = w[:-1]``, ``targets = w[1:]`` and ``mask`` all ones: every
-position is predicted, as in the language-modelling evaluations of length
-extrapolation (Press et al. 2022 ALiBi; Chi et al. 2022 KERPLE: perplexity
-at lengths beyond training). Example window (length 8)::
+Vocabulary: bytes are their own ids (256, no special tokens); for a memmap
+the ids are the stored tokens and ``vocab_size`` is the option, else the
+largest stored id + 1 (256 for "uint8"). The corpus differs between
+machines (Python version, your files), so ``metadata()`` records its
+SHA-256 and sizes (and the Python version for the stdlib); equal hashes
+mean comparable results.
+
+``batch`` draws ``batch_size`` windows of ``length + 1`` tokens from the
+split at start offsets ``jax.random.randint(key, (B,), 0, N - length)``
+(uniform; windows may span a document boundary), with ``inputs = w[:-1]``,
+``targets = w[1:]`` and ``mask`` all ones: every position is predicted, as
+in the language-modelling evaluations of length extrapolation (Press et al.
+2022 ALiBi; Chi et al. 2022 KERPLE: perplexity at lengths beyond
+training). Example window (length 8)::
 
     w        i m p o r t   o s        (bytes 105 109 112 ...)
     inputs   i m p o r t   o
     targets  m p o r t   o s
     mask     1 1 1 1 1 1 1 1
 
-The corpus is read once per ``(max_bytes, eval_fraction)`` and cached
-(:func:`load_corpus`); both splits are copied to the device once, when the
-first task on the corpus is made, and ``batch`` closes over them (under ``jit`` they are compile-time
-constants: one copy per compiled length).
+Where the windows come from: a corpus of at most ``device_limit`` bytes
+(default 256 MiB; the 8 MB stdlib corpus is far below) is copied to the
+device once, when the first task on it is made, and ``batch`` slices it
+there (under ``jit`` the splits are compile-time constants: one copy per
+compiled length). A larger corpus stays on the host: ``batch`` draws the
+same start offsets on the device and a ``jax.pure_callback`` slices the
+windows out of the memmap (reading only those ``B * (length + 1)`` tokens),
+so batches are still a pure function of the key, work under ``jit`` and
+``vmap``, and equal those of the device path for the same corpus. Splits of
+2**31 tokens or more draw each offset from two 32-bit words instead
+(``(hi * 2**32 + lo) mod (N - length)``), which int32 offsets cannot reach.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import functools
-import hashlib
-import os
-import platform
-import sysconfig
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from posenc import checks
+from posenc.tasks import corpus as corpus_lib
 from posenc.tasks.base import check_int, check_split
+from posenc.tasks.corpus import (  # noqa: F401  (re-exported: the stdlib corpus's helpers)
+    DEFAULT_EVAL_FRACTION, DEFAULT_MAX_BYTES, EXCLUDED_DIRS, SEPARATOR, Corpus, build_corpus, file_split,
+    load_corpus, stdlib_files, stdlib_root)
+from posenc.tasks.registry import Registered
 
-SEPARATOR = b"\x00"
-DEFAULT_MAX_BYTES = 8_000_000
-DEFAULT_EVAL_FRACTION = 0.05
-EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
-
-
-def stdlib_root() -> str:
-    """The standard library directory of the running Python."""
-    return sysconfig.get_paths()["stdlib"]
+DEVICE_LIMIT = 2**28  # bytes: corpora up to this size are copied to the device
+_INT32_SPAN = 2**31
 
 
-def stdlib_files(root: str | None = None) -> list[str]:
-    """Relative POSIX paths of the corpus's ``.py`` files under ``root``, sorted."""
-    root = stdlib_root() if root is None else root
-    paths = []
-    for directory, subdirs, files in os.walk(root):
-        # Prune in place so os.walk never descends into excluded trees.
-        subdirs[:] = [d for d in subdirs if d not in EXCLUDED_DIRS]
-        rel = os.path.relpath(directory, root)
-        for f in files:
-            if f.endswith(".py"):
-                path = f if rel == "." else os.path.join(rel, f)
-                paths.append(path.replace(os.sep, "/"))
-    return sorted(paths)
+class Text(Registered):
+    """text: random windows of a corpus: stdlib source, your files or a token memmap (module docstring)."""
 
+    names = ("text",)
+    description = "language modelling on the Python stdlib source (bytes), your own files or a token memmap"
+    source = ("Press et al. 2022 (ALiBi) and Chi et al. 2022 (KERPLE) perplexity-vs-length protocol; "
+              "nanoGPT .bin layout for token memmaps")
+    level = None
 
-def file_split(path: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> str:
-    """"eval" or "train" for a relative path, from SHA-256 of the path (stable everywhere)."""
-    h = int.from_bytes(hashlib.sha256(path.encode("utf-8")).digest()[:8], "big")
-    return "eval" if h < eval_fraction * 2.0**64 else "train"
-
-
-@dataclasses.dataclass(frozen=True)
-class Corpus:
-    """The concatenated corpus and its splits.
-
-    ``files`` lists ``(path, split, start, stop)``: the file's bytes (with its
-    separator, possibly truncated) are ``data[split][start:stop]``.
-    """
-
-    data: dict  # split -> np.uint8 array
-    files: tuple
-    sha256: str
-    num_bytes: int
-    max_bytes: int
-    eval_fraction: float
-    root: str
-    # split -> device array, filled on first use (outside any trace) and shared by tasks.
-    device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-    def metadata(self) -> dict:
-        counts = {s: sum(1 for f in self.files if f[1] == s) for s in ("train", "eval")}
-        return {
-            "corpus": "python-stdlib-source",
-            "python_version": platform.python_version(),
-            "python_implementation": platform.python_implementation(),
-            "sha256": self.sha256,
-            "num_bytes": self.num_bytes,
-            "max_bytes": self.max_bytes,
-            "num_files": len(self.files),
-            "train_bytes": int(self.data["train"].size),
-            "eval_bytes": int(self.data["eval"].size),
-            "train_files": counts["train"],
-            "eval_files": counts["eval"],
-            "eval_fraction": self.eval_fraction,
-            "separator": SEPARATOR.hex(),
-            "stdlib_root": self.root,
-        }
-
-
-def build_corpus(max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = DEFAULT_EVAL_FRACTION,
-                 root: str | None = None) -> Corpus:
-    """Read the corpus from disk (uncached; see :func:`load_corpus`)."""
-    max_bytes = check_int("max_bytes", max_bytes, minimum=1)
-    if not isinstance(eval_fraction, (int, float)) or not 0.0 < eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
-    root = stdlib_root() if root is None else root
-    digest = hashlib.sha256()
-    chunks = {"train": [], "eval": []}
-    offsets = {"train": 0, "eval": 0}
-    files = []
-    total = 0
-    for path in stdlib_files(root):
-        if total >= max_bytes:
-            break
-        with open(os.path.join(root, path), "rb") as fh:
-            chunk = (fh.read() + SEPARATOR)[: max_bytes - total]
-        split = file_split(path, eval_fraction)
-        digest.update(chunk)
-        chunks[split].append(chunk)
-        files.append((path, split, offsets[split], offsets[split] + len(chunk)))
-        offsets[split] += len(chunk)
-        total += len(chunk)
-    data = {s: np.frombuffer(b"".join(c), dtype=np.uint8) for s, c in chunks.items()}
-    return Corpus(data, tuple(files), digest.hexdigest(), total, max_bytes, float(eval_fraction), root)
-
-
-@functools.lru_cache(maxsize=4)
-def load_corpus(max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> Corpus:
-    """:func:`build_corpus` of the running Python's stdlib, cached per arguments."""
-    return build_corpus(max_bytes, eval_fraction)
-
-
-class Text:
-    """text: random byte windows of the Python stdlib source (see module docstring)."""
-
-    name = "text"
-    vocab_size = 256
-
-    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = DEFAULT_EVAL_FRACTION,
-                 seed: int = 0):
+    def __init__(self, *, max_bytes: int | None = None, eval_fraction: float = DEFAULT_EVAL_FRACTION,
+                 path: str | None = None, tokens: str | None = None, token_dtype: str = "uint16",
+                 vocab_size: int | None = None, device_limit: int = DEVICE_LIMIT, seed: int = 0):
         self.seed = check_int("seed", seed, minimum=0)
-        self.corpus = load_corpus(check_int("max_bytes", max_bytes, minimum=1), eval_fraction)
-        # On the device once per corpus, outside any trace, so an outer jit sees concrete arrays.
-        for s in ("train", "eval"):
-            if s not in self.corpus.device:
-                self.corpus.device[s] = jax.device_put(self.corpus.data[s])
+        if max_bytes is not None:
+            max_bytes = check_int("max_bytes", max_bytes, minimum=1)
+        self.device_limit = check_int("device_limit", device_limit, minimum=0)
+        if path is not None and tokens is not None:
+            raise ValueError("give one of path (text files) and tokens (a token memmap), not both")
+        if tokens is not None:
+            if max_bytes is not None:
+                raise ValueError("max_bytes applies to byte corpora (the stdlib or path), not to tokens")
+            self.corpus = corpus_lib.open_tokens(tokens, checks.choice("token_dtype", token_dtype,
+                                                                       corpus_lib.TOKEN_DTYPES), eval_fraction)
+        elif path is not None:
+            self.corpus = corpus_lib.load_path_corpus(path, max_bytes, eval_fraction)
+        else:
+            self.corpus = load_corpus(DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                                      corpus_lib.check_fraction(eval_fraction))
+        self.max_bytes, self.eval_fraction = max_bytes, self.corpus.eval_fraction
+        self.path, self.tokens, self.token_dtype = path, tokens, token_dtype
+        natural = 65536 if tokens is not None and token_dtype == "uint16" else 256
+        if vocab_size is not None:
+            vocab_size = check_int("vocab_size", vocab_size, minimum=self.corpus.max_token + 1, maximum=natural)
+        self.vocab_size = (self.corpus.max_token + 1 if tokens is not None and token_dtype == "uint16"
+                           else 256) if vocab_size is None else vocab_size
+        self._user_vocab = vocab_size
+        self.on_device = self.corpus.nbytes <= self.device_limit
+        if self.on_device:
+            # On the device once per corpus, outside any trace, so an outer jit sees concrete arrays.
+            for s in ("train", "eval"):
+                if s not in self.corpus.device:
+                    self.corpus.device[s] = jax.device_put(np.asarray(self.corpus.data[s]))
         self._windows_jit = jax.jit(self._windows, static_argnums=(1, 2, 3))
 
     def options(self) -> dict:
-        return {"max_bytes": self.corpus.max_bytes, "eval_fraction": self.corpus.eval_fraction}
+        opts = super().options()
+        opts["vocab_size"] = self._user_vocab
+        return opts
 
     def max_size(self, length: int) -> int:
         """Every one of the ``length`` positions is predicted: the window size."""
         return self._check_length(length)
 
+    def min_length(self) -> int:
+        return 1
+
     def _check_length(self, length) -> int:
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        if not checks.is_int(length) or length < 1:
             raise ValueError(f"length {length!r} is too short for task 'text': it needs length >= 1")
         return int(length)
 
     def split_data(self, split: str) -> jax.Array:
-        """The split's bytes as a uint8 device array."""
+        """The split's tokens as a device array (only for corpora within ``device_limit``)."""
+        if not self.on_device:
+            raise ValueError(f"this corpus has {self.corpus.nbytes} bytes > device_limit "
+                             f"{self.device_limit}: it stays on the host")
         return self.corpus.device[check_split(split)]
 
     def batch(self, key, batch_size: int, length: int, *, min_size: int | None = None,
@@ -197,17 +141,22 @@ class Text:
         available = self.corpus.data[split].size
         if available < length + 1:
             raise ValueError(
-                f"length {length} needs windows of {length + 1} bytes but the {split!r} split "
-                f"holds {available}; raise max_bytes (now {self.corpus.max_bytes})"
+                f"length {length} needs windows of {length + 1} tokens but the {split!r} split "
+                f"holds {available}; use a larger corpus"
+                + (f" or raise max_bytes (now {self.corpus.max_bytes})" if self.tokens is None else "")
             )
         if self.seed:
             key = jax.random.fold_in(key, self.seed)
         return self._windows_jit(key, batch_size, length, split)
 
     def _windows(self, key, batch_size, length, split):
-        data = self.split_data(split)
-        starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - length, dtype=jnp.int32)
-        windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (length + 1,)))(starts)
+        span = self.corpus.data[split].shape[0] - length  # number of valid start offsets
+        if self.on_device:
+            data = self.split_data(split)
+            starts = jax.random.randint(key, (batch_size,), 0, span, dtype=jnp.int32)
+            windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (length + 1,)))(starts)
+        else:
+            windows = _host_windows(self.corpus.data[split], key, batch_size, length, span)
         windows = windows.astype(jnp.int32)
         return {
             "inputs": windows[:, :-1],
@@ -216,9 +165,35 @@ class Text:
         }
 
     def metadata(self) -> dict:
-        """Task name, options and the corpus facts (hash, bytes, Python version)."""
-        return {"name": self.name, "vocab_size": self.vocab_size, "seed": self.seed, **self.corpus.metadata()}
+        """Task name, options and the corpus facts (hash, sizes; Python version for the stdlib)."""
+        return {**self.describe(), "vocab_size": self.vocab_size, "seed": self.seed,
+                "batches_from": "device" if self.on_device else "host", **self.corpus.metadata()}
 
     def __repr__(self) -> str:
-        return f"Text(max_bytes={self.corpus.max_bytes}, eval_fraction={self.corpus.eval_fraction}, seed={self.seed})"
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items() if v is not None)
+        return f"Text({opts}, seed={self.seed})"
 
+
+def _host_windows(data, key, batch_size, length, span):
+    """Windows [B, length + 1] sliced on the host out of ``data`` (a memmap) by a pure callback."""
+    if span < _INT32_SPAN:
+        draws = jax.random.randint(key, (batch_size,), 0, span, dtype=jnp.int32)
+    else:
+        draws = jax.random.bits(key, (batch_size, 2), dtype=jnp.uint32)
+
+    def slice_windows(draws):
+        draws = np.asarray(draws)
+        if span < _INT32_SPAN:
+            starts = draws.astype(np.int64)
+        else:
+            words = draws.astype(np.uint64)
+            starts = ((words[..., 0] << np.uint64(32)) | words[..., 1]) % np.uint64(span)
+        flat = starts.reshape(-1)
+        out = np.empty((flat.size, length + 1), np.int32)
+        for i, s in enumerate(flat.tolist()):  # contiguous reads: only the windows leave the disk
+            out[i] = data[s:s + length + 1]
+        return out.reshape(*starts.shape, length + 1)
+
+    shape = (batch_size, length + 1)
+    return jax.pure_callback(slice_windows, jax.ShapeDtypeStruct(shape, jnp.int32), draws,
+                             vmap_method="expand_dims")

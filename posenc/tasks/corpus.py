@@ -1,0 +1,316 @@
+"""Corpora of the ``text`` task: the stdlib source (default), your own files, token memmaps.
+
+Three sources, each read into a :class:`Corpus` whose ``data[split]`` is a
+1-D NumPy array of token ids (bytes for the first two):
+
+* stdlib (default): the ``.py`` files under ``sysconfig.get_paths()["stdlib"]``
+  (skipping ``site-packages``, ``dist-packages``, ``__pycache__`` and the
+  test directories ``test`` / ``tests`` / ``idle_test``), read as raw bytes
+  in sorted relative path order, each followed by one NUL byte
+  (``SEPARATOR``: NUL never occurs in the stdlib's source, so it marks
+  document boundaries), the concatenation truncated to ``max_bytes``
+  (default 8,000,000).
+* ``path``: one text file, or every regular file under a directory (hidden
+  names skipped), in the same layout (sorted, NUL after each, truncated to
+  ``max_bytes`` if given). Read into memory.
+* ``tokens``: a pre-tokenized memmap in nanoGPT's layout (a flat array of
+  little-endian ``uint16``, or ``uint8``, token ids with no header): either
+  a directory holding ``train.bin`` and ``val.bin`` (the splits) or one
+  ``.bin`` file. Opened with ``np.memmap``, never read whole into memory.
+
+Splits: for the stdlib and for a directory of files, a file belongs to
+"eval" when the first 8 bytes of SHA-256 of its relative path, read as a
+fraction of 2**64, fall below ``eval_fraction`` (default 0.05), else to
+"train", so the splits share no file; if that leaves a split of a directory
+empty (few files), and always for a single file or a single ``.bin``, the
+last ``eval_fraction`` of the tokens is "eval" and the rest "train"
+(``split_rule`` "tail" in metadata). ``train.bin`` / ``val.bin`` are the
+splits as given (``split_rule`` "files").
+
+``sha256`` hashes the corpus as used: the concatenated bytes (after
+truncation) for the first two, the raw bytes of the ``.bin`` file(s) in
+split order for memmaps. A missing or unreadable path, an empty corpus or a
+split too small for one token raise ValueError when the corpus is opened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import platform
+import sysconfig
+
+import numpy as np
+
+SEPARATOR = b"\x00"
+DEFAULT_MAX_BYTES = 8_000_000
+DEFAULT_EVAL_FRACTION = 0.05
+EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
+TOKEN_DTYPES = ("uint8", "uint16")
+_HASH_CHUNK = 1 << 24  # bytes per read when hashing a memmap (16 MiB)
+
+
+def stdlib_root() -> str:
+    """The standard library directory of the running Python."""
+    return sysconfig.get_paths()["stdlib"]
+
+
+def stdlib_files(root: str | None = None) -> list[str]:
+    """Relative POSIX paths of the corpus's ``.py`` files under ``root``, sorted."""
+    root = stdlib_root() if root is None else root
+    paths = []
+    for directory, subdirs, files in os.walk(root):
+        # Prune in place so os.walk never descends into excluded trees.
+        subdirs[:] = [d for d in subdirs if d not in EXCLUDED_DIRS]
+        rel = os.path.relpath(directory, root)
+        for f in files:
+            if f.endswith(".py"):
+                path = f if rel == "." else os.path.join(rel, f)
+                paths.append(path.replace(os.sep, "/"))
+    return sorted(paths)
+
+
+def user_files(root: str) -> list[str]:
+    """Relative POSIX paths of every regular, non-hidden file under directory ``root``, sorted."""
+    paths = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+        rel = os.path.relpath(directory, root)
+        for f in files:
+            full = os.path.join(directory, f)
+            if not f.startswith(".") and os.path.isfile(full):
+                path = f if rel == "." else os.path.join(rel, f)
+                paths.append(path.replace(os.sep, "/"))
+    return sorted(paths)
+
+
+def file_split(path: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> str:
+    """"eval" or "train" for a relative path, from SHA-256 of the path (stable everywhere)."""
+    h = int.from_bytes(hashlib.sha256(path.encode("utf-8")).digest()[:8], "big")
+    return "eval" if h < eval_fraction * 2.0**64 else "train"
+
+
+def check_fraction(eval_fraction) -> float:
+    if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or not (
+            0.0 < eval_fraction < 1.0):
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
+    return float(eval_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A corpus and its splits.
+
+    ``data[split]`` is a 1-D array of token ids (``np.uint8`` bytes, or the
+    memmap's dtype). ``files`` lists ``(path, split, start, stop)``: the
+    file's tokens (with its separator, possibly truncated) are
+    ``data[split][start:stop]``.
+    """
+
+    data: dict
+    files: tuple
+    sha256: str
+    num_bytes: int  # tokens for a memmap (bytes for the byte corpora)
+    max_bytes: int | None
+    eval_fraction: float
+    root: str
+    kind: str = "python-stdlib-source"  # | "files" | "token-memmap"
+    split_rule: str = "file"
+    max_token: int = 255
+    # split -> device array, filled on first use (outside any trace) and shared by tasks.
+    device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(d.nbytes for d in self.data.values()))
+
+    def metadata(self) -> dict:
+        counts = {s: sum(1 for f in self.files if f[1] == s) for s in ("train", "eval")}
+        meta = {
+            "corpus": self.kind,
+            "sha256": self.sha256,
+            "eval_fraction": self.eval_fraction,
+            "split_rule": self.split_rule,
+            "num_files": len(self.files),
+            "train_files": counts["train"],
+            "eval_files": counts["eval"],
+        }
+        if self.kind == "token-memmap":
+            return {**meta, "tokens": self.root, "dtype": str(self.data["train"].dtype),
+                    "num_tokens": self.num_bytes, "train_tokens": int(self.data["train"].size),
+                    "eval_tokens": int(self.data["eval"].size), "max_token": self.max_token}
+        meta.update(num_bytes=self.num_bytes, max_bytes=self.max_bytes,
+                    train_bytes=int(self.data["train"].size), eval_bytes=int(self.data["eval"].size),
+                    separator=SEPARATOR.hex())
+        if self.kind == "files":
+            return {**meta, "path": self.root}
+        return {**meta, "python_version": platform.python_version(),
+                "python_implementation": platform.python_implementation(), "stdlib_root": self.root}
+
+
+def _concatenate(root, paths, max_bytes, eval_fraction, kind):
+    """Read ``paths`` under ``root`` into a byte Corpus (file split, tail fallback)."""
+    digest = hashlib.sha256()
+    chunks, names = [], []
+    total = 0
+    for path in paths:
+        if max_bytes is not None and total >= max_bytes:
+            break
+        full = root if path is None else os.path.join(root, path)
+        try:
+            with open(full, "rb") as fh:
+                chunk = fh.read() + SEPARATOR
+        except OSError as e:
+            raise ValueError(f"cannot read corpus file {full!r}: {e.strerror or e}") from None
+        if max_bytes is not None:
+            chunk = chunk[: max_bytes - total]
+        digest.update(chunk)
+        chunks.append(chunk)
+        names.append(os.path.basename(root) if path is None else path)
+        total += len(chunk)
+    splits = [file_split(p, eval_fraction) for p in names] if len(names) > 1 else []
+    rule = "file" if len(set(splits)) == 2 or kind == "python-stdlib-source" else "tail"
+    if rule == "file":
+        parts, files, offsets = {"train": [], "eval": []}, [], {"train": 0, "eval": 0}
+        for name, split, chunk in zip(names, splits, chunks):
+            parts[split].append(chunk)
+            files.append((name, split, offsets[split], offsets[split] + len(chunk)))
+            offsets[split] += len(chunk)
+        data = {s: np.frombuffer(b"".join(c), dtype=np.uint8) for s, c in parts.items()}
+    else:
+        joined = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+        cut = _tail_cut(joined.size, eval_fraction, root)
+        data = {"train": joined[:cut], "eval": joined[cut:]}
+        files, start = [], 0
+        for name, chunk in zip(names, chunks):
+            files.append((name, "train" if start < cut else "eval", start, start + len(chunk)))
+            start += len(chunk)
+    return Corpus(data, tuple(files), digest.hexdigest(), total, max_bytes, eval_fraction, root,
+                  kind=kind, split_rule=rule)
+
+
+def _tail_cut(size, eval_fraction, where):
+    cut = int(round(size * (1.0 - eval_fraction)))
+    if cut < 1 or cut >= size:
+        raise ValueError(f"corpus {where!r} has {size} tokens: too few to split into train and eval "
+                         f"at eval_fraction={eval_fraction}")
+    return cut
+
+
+def build_corpus(max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = DEFAULT_EVAL_FRACTION,
+                 root: str | None = None) -> Corpus:
+    """Read the stdlib corpus from disk (uncached; see :func:`load_corpus`)."""
+    from posenc.tasks.base import check_int
+
+    max_bytes = check_int("max_bytes", max_bytes, minimum=1)
+    eval_fraction = check_fraction(eval_fraction)
+    root = stdlib_root() if root is None else root
+    return _concatenate(root, stdlib_files(root), max_bytes, eval_fraction, "python-stdlib-source")
+
+
+def check_path(path, option="path") -> str:
+    """``path`` as an absolute path if it names a readable file or directory, else ValueError."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"{option} must be a file or directory path, got {path!r}")
+    full = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if not os.path.exists(full):
+        raise ValueError(f"{option} {os.fspath(path)!r} does not exist")
+    if not os.access(full, os.R_OK | (os.X_OK if os.path.isdir(full) else 0)):
+        raise ValueError(f"{option} {os.fspath(path)!r} is not readable")
+    return full
+
+
+def _fingerprint(full, paths):
+    """What the cache of a path corpus is keyed on: names, sizes and modification times."""
+    stats = [os.stat(full if p is None else os.path.join(full, p)) for p in paths]
+    return tuple((p, s.st_size, s.st_mtime_ns) for p, s in zip(paths, stats))
+
+
+def path_files(full) -> list:
+    """The corpus files of a checked path: ``[None]`` for a single file, else relative paths."""
+    if os.path.isfile(full):
+        return [None]
+    paths = user_files(full)
+    if not paths:
+        raise ValueError(f"path {full!r} holds no readable files")
+    return paths
+
+
+@functools.lru_cache(maxsize=8)
+def _load_path(full, fingerprint, max_bytes, eval_fraction):
+    del fingerprint  # part of the cache key only
+    return _concatenate(full, path_files(full), max_bytes, eval_fraction, "files")
+
+
+def load_path_corpus(path, max_bytes=None, eval_fraction=DEFAULT_EVAL_FRACTION) -> Corpus:
+    """The byte corpus of a file or directory, cached per (path, file sizes and times, options)."""
+    full = check_path(path)
+    return _load_path(full, _fingerprint(full, path_files(full)), max_bytes, check_fraction(eval_fraction))
+
+
+@functools.lru_cache(maxsize=4)
+def load_corpus(max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> Corpus:
+    """:func:`build_corpus` of the running Python's stdlib, cached per arguments."""
+    return build_corpus(max_bytes, eval_fraction)
+
+
+def _scan(files):
+    """SHA-256 of the files' bytes in order and their largest token, read in chunks."""
+    digest, top = hashlib.sha256(), 0
+    for mm in files:
+        raw = mm.view(np.uint8)
+        step = _HASH_CHUNK // mm.itemsize * mm.itemsize
+        for start in range(0, raw.size, step):
+            chunk = raw[start:start + step]
+            digest.update(chunk)
+            top = max(top, int(chunk.view(mm.dtype).max()))
+    return digest.hexdigest(), top
+
+
+@functools.lru_cache(maxsize=8)
+def _open_tokens(full, fingerprint, dtype, eval_fraction):
+    del fingerprint
+    if os.path.isdir(full):
+        names = ("train.bin", "val.bin")
+        missing = [n for n in names if not os.path.isfile(os.path.join(full, n))]
+        if missing:
+            raise ValueError(f"tokens directory {full!r} lacks {', '.join(missing)} (nanoGPT layout: "
+                             f"train.bin and val.bin)")
+        maps = [_memmap(os.path.join(full, n), dtype) for n in names]
+        data = {"train": maps[0], "eval": maps[1]}
+        files = (("train.bin", "train", 0, maps[0].size), ("val.bin", "eval", 0, maps[1].size))
+        rule = "files"
+    else:
+        mm = _memmap(full, dtype)
+        maps = [mm]
+        cut = _tail_cut(mm.size, eval_fraction, full)
+        data = {"train": mm[:cut], "eval": mm[cut:]}
+        files = ((os.path.basename(full), "train", 0, mm.size),)
+        rule = "tail"
+    sha, top = _scan(maps)
+    return Corpus(data, files, sha, int(sum(m.size for m in maps)), None, eval_fraction, full,
+                  kind="token-memmap", split_rule=rule, max_token=top)
+
+
+def _memmap(path, dtype):
+    size = os.path.getsize(path)
+    itemsize = np.dtype(dtype).itemsize
+    if size == 0 or size % itemsize:
+        raise ValueError(f"token file {path!r} has {size} bytes: not a non-empty array of {dtype}")
+    try:
+        return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+    except OSError as e:
+        raise ValueError(f"cannot read token file {path!r}: {e.strerror or e}") from None
+
+
+def open_tokens(path, dtype="uint16", eval_fraction=DEFAULT_EVAL_FRACTION) -> Corpus:
+    """The token memmap corpus at ``path`` (cached per path, file sizes and times, options)."""
+    full = check_path(path, "tokens")
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"unknown token_dtype {dtype!r}; choose one of: {', '.join(TOKEN_DTYPES)}")
+    names = [n for n in ("train.bin", "val.bin") if os.path.isfile(os.path.join(full, n))]
+    if not os.path.isdir(full):
+        names = [None]
+    return _open_tokens(full, _fingerprint(full, names), dtype, check_fraction(eval_fraction))
