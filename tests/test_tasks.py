@@ -1,9 +1,11 @@
 """Synthetic tasks: exact formats and answers recomputed in Python, determinism, jit, sizes, errors."""
 
 import functools
+import inspect
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,7 +13,9 @@ from hypothesis import strategies as st
 
 import posenc.tasks as tasks
 from posenc.tasks import BOS, EOS, FIRST_SYMBOL, PAD, PLUS, SEP
+from posenc.tasks import registry
 from posenc.tasks.algorithmic import _add_digits
+from posenc.tasks.base import Task, compose
 
 LENGTH = 30
 BATCH = 24
@@ -177,16 +181,21 @@ def test_jit_of_bound_batch_matches_eager_and_seed_changes_data():
     assert not np.array_equal(other["inputs"], eager["inputs"])
 
 
-@given(length=st.integers(1, 400))
+SIZED = [n for n in tasks.TASKS if n != "text"]
+
+
+@given(length=st.integers(1, 600))
 def test_max_size_is_the_largest_that_fits(length):
-    for name in ("copy", "reverse", "sort", "parity", "recall", "addition"):
+    # Every registered size law, linear or not, is inverted exactly by max_size.
+    for name in SIZED:
         task = tasks.make(name, keys=1000) if name == "recall" else tasks.make(name)
         if length < task.min_length():
             with pytest.raises(ValueError, match=f"length {length} is too short.*>= {task.min_length()}"):
                 task.max_size(length)
             continue
         n = task.max_size(length)
-        assert n >= 1 and task.seq_len(n) <= length + 1 < task.seq_len(n + 1)
+        assert n >= task.smallest and task.seq_len(n) <= length + 1
+        assert n == task.size_cap or task.seq_len(n + 1) > length + 1
 
 
 def test_max_size_grows_with_length_and_recall_is_capped_by_keys():
@@ -208,19 +217,35 @@ def test_too_short_length_names_length_and_minimum(name, minimum):
     task.max_size(minimum)  # the minimum itself is fine
 
 
+ALL_NAMES = [
+    "copy", "reverse", "sort", "parity", "parity_check", "recall", "addition",
+    "even_pairs", "modular_arithmetic", "cycle_navigation",
+    "stack_manipulation", "reverse_string", "modular_arithmetic_brackets", "solve_equation",
+    "duplicate_string", "odds_first", "bucket_sort", "missing_duplicate_string", "binary_addition",
+    "binary_multiplication", "compute_sqrt",
+    "polynomial", "summation", "lego", "count", "mqar", "flip_flop", "induction", "passkey", "text",
+]
+
+
 def test_make_errors():
-    with pytest.raises(ValueError, match="unknown task 'cpy'; choose one of: copy, reverse, recall, sort, "
-                                         "addition, parity, text"):
+    with pytest.raises(ValueError, match=f"unknown task 'cpy'; choose one of: {', '.join(ALL_NAMES)}$"):
         tasks.make("cpy")
-    with pytest.raises(ValueError, match="unknown option 'alphabt' for task 'copy'; choose from: alphabet"):
+    with pytest.raises(ValueError, match="unknown option 'alphabt' for task 'copy'; choose from: alphabet$"):
         tasks.make("copy", alphabt=4)
-    with pytest.raises(ValueError, match="alphabet must be an integer >= 2, got 1"):
+    with pytest.raises(ValueError, match="unknown option 'keys' for task 'parity_check'; choose from: \\(none\\)"):
+        tasks.make("parity_check", keys=4)
+    with pytest.raises(ValueError, match="unknown option 'slot' for task 'mqar'; choose from: keys, values, "
+                                         "slots, power_a, random_non_queries$"):
+        tasks.make("mqar", slot=2)
+    with pytest.raises(ValueError, match="alphabet must be an integer >= 2; got 1"):
         tasks.make("copy", alphabet=1)
-    with pytest.raises(ValueError, match="reverse_output must be True or False"):
+    with pytest.raises(ValueError, match="reverse_output must be True or False; got 1"):
         tasks.make("addition", reverse_output=1)
     with pytest.raises(ValueError, match="unknown split 'test'; choose one of: train, eval"):
         tasks.make("copy").batch(jax.random.key(0), 2, 8, split="test")
-    assert list(tasks.TASKS) == ["copy", "reverse", "recall", "sort", "addition", "parity", "text"]
+    with pytest.raises(ValueError, match="min_size 1 is outside \\[2, 6\\] \\(sizes of task 'lego' at length 33\\)"):
+        tasks.make("lego").batch(jax.random.key(0), 2, 33, min_size=1)
+    assert list(tasks.TASKS) == ALL_NAMES
 
 
 def test_vocab_sizes_and_token_ids():
@@ -245,3 +270,106 @@ def test_add_digits_matches_python():
     to_int = lambda ds: int("".join(str(int(d)) for d in ds[::-1]))  # noqa: E731
     for x, y, z in zip(a, b, c):
         assert to_int(z) == to_int(x) + to_int(y)
+
+
+# ------------------------------------------------------------------ registry
+def test_registry_is_read_off_the_classes():
+    for name in tasks.TASKS:
+        cls = tasks.task_class(name)
+        assert name in cls.names and cls.name == cls.names[0]
+        assert cls.description and cls.source and cls.level in (None, *tasks.LEVELS)
+        expected = (cls.description if name == cls.name else
+                    f"{cls.description} (same task as {cls.name!r})")
+        assert tasks.TASKS[name] == expected
+        params = inspect.signature(cls.__init__).parameters
+        defaults = {k: p.default for k, p in params.items() if k not in ("self", "seed")}
+        spec = json.loads(json.dumps(tasks.spec(name)))
+        assert spec["options"] == json.loads(json.dumps(defaults)) and spec["level"] == cls.level
+        assert spec["names"] == list(cls.names) and spec["source"] == cls.source
+    assert len(tasks.TASKS) == len(set(tasks.TASKS)) == len(ALL_NAMES)
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_every_task_makes_with_defaults_and_has_json_metadata(name):
+    task = tasks.make(name)
+    meta = json.loads(json.dumps(task.metadata()))
+    assert meta["name"] == name and meta["level"] == task.level and meta["source"] == task.source
+    assert meta["vocab_size"] == task.vocab_size and meta["format"].startswith("seq_len(n) = ")
+    assert task.options() == tasks.spec(name)["options"]  # defaults are what the task was made with
+    assert tasks.make(name, **task.options()).metadata() == meta
+    if task.symbols:
+        assert task.vocab_size == tasks.NUM_SPECIAL + len(task.symbols) == tasks.NUM_SPECIAL + len(set(task.symbols))
+
+
+def test_aliases_are_the_same_task_under_another_name():
+    parity, check_ = tasks.make("parity"), tasks.make("parity_check")
+    assert type(parity) is type(check_) and check_.name == "parity_check" and parity.name == "parity"
+    assert check_.metadata()["task"] == "parity" and check_.metadata()["name"] == "parity_check"
+    a, b = parity.batch(jax.random.key(3), 4, 16), check_.batch(jax.random.key(3), 4, 16)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_with_options_keeps_name_and_seed_and_sweep_is_empty_without_eval_sweep():
+    copy = tasks.make("copy", seed=3, alphabet=5)
+    other = copy.with_options(alphabet=7)
+    assert (other.name, other.seed, other.alphabet) == ("copy", 3, 7) and copy.alphabet == 5
+    assert copy.sweep() == [] and tasks.make("reverse_string").with_options().alphabet == 2
+    with pytest.raises(ValueError, match="unknown option 'depth' for task 'copy'"):
+        copy.with_options(depth=0.5)
+
+
+def test_a_new_class_is_a_new_task_and_bad_declarations_are_refused():
+    class Majority(Task):
+        """majority: BOS bits SEP the more frequent bit (odd n)."""
+
+        names = ("majority_example",)
+        description = "BOS bits SEP majority bit"
+        source = "a test of the registry"
+        level = "R"
+        symbols = ("0", "1")
+        per_size, overhead = 1, 3
+
+        def __init__(self, *, ties: str = "one", seed: int = 0):
+            self.ties = ties
+            super().__init__(seed=seed)
+
+        def _bounds(self, max_n):
+            return [2] * max_n
+
+        def _example(self, draws, n, max_n, width):
+            ones = jnp.sum(jnp.where(jnp.arange(max_n) < n, draws, 0))
+            return compose(width, (tasks.BOS, 1, False), (tasks.FIRST_SYMBOL + draws, n, False),
+                           (tasks.SEP, 1, False), (tasks.FIRST_SYMBOL + (2 * ones >= n), 1, True))
+
+    try:
+        assert tasks.TASKS["majority_example"] == "BOS bits SEP majority bit"
+        assert tasks.spec("majority_example")["options"] == {"ties": "one"}
+        task = tasks.make("majority_example", seed=1)
+        seq, mask = full(task.batch(jax.random.key(0), 8, 12, split="eval"))
+        for row, m in zip(seq, mask):
+            bits = row[1:11] - tasks.FIRST_SYMBOL
+            assert row[12] - tasks.FIRST_SYMBOL == int(2 * bits.sum() >= 10) and m.tolist() == [0] * 12 + [1]
+        with pytest.raises(ValueError, match="unknown option 'tie' for task 'majority_example'; choose from: ties"):
+            tasks.make("majority_example", tie="zero")
+    finally:
+        registry._REGISTRY.pop("majority_example")
+    assert "majority_example" not in tasks.TASKS
+
+    def declare(**attrs):
+        return type("Broken", (Task,), {"__init__": lambda self, *, seed=0: None, **attrs})
+
+    with pytest.raises(TypeError, match="task name 'copy' is declared by both Copy and Broken"):
+        declare(names=("copy",), description="x", source="y")
+    with pytest.raises(TypeError, match="must declare its own source"):
+        declare(names=("broken_example",), description="x")
+    with pytest.raises(TypeError, match="level 'cs'"):
+        declare(names=("broken_example",), description="x", source="y", level="cs")
+    with pytest.raises(TypeError, match="eval_sweep\\['depth'\\] must be a non-empty tuple"):
+        declare(names=("broken_example",), description="x", source="y", eval_sweep={"depth": (0.5,)})
+    with pytest.raises(TypeError, match="names must be a tuple of names"):
+        declare(names="broken_example", description="x", source="y")
+    assert "broken_example" not in tasks.TASKS
+    with pytest.raises(TypeError, match="task name 'copy' is declared by both"):
+        declare(names=("broken_example", "copy"), description="x", source="y")
+    assert "broken_example" not in tasks.TASKS  # no name of a refused class is registered
