@@ -196,6 +196,8 @@ def test_max_size_is_the_largest_that_fits(length):
         n = task.max_size(length)
         assert n >= task.smallest and task.seq_len(n) <= length + 1
         assert n == task.size_cap or task.seq_len(n + 1) > length + 1
+        # Evaluating at 4x the length poses problems at least 4x larger (up to the size cap).
+        assert task.max_size(4 * length) >= min(4 * n, task.size_cap or 4 * n)
 
 
 def test_max_size_grows_with_length_and_recall_is_capped_by_keys():

@@ -308,3 +308,10 @@ def test_offsets_past_int32_come_from_two_words(nanogpt, monkeypatch):
         assert is_slice(w.astype(np.uint16), train)
         starts.append(int(np.flatnonzero(train == w[0])[0]))
     assert len(set(starts)) == 8  # spread over the split, not piled at the start
+
+
+def test_pathlib_paths_are_accepted_and_metadata_stays_json(docs):
+    root, _ = docs
+    task = tasks.make("text", path=root, eval_fraction=0.3)  # a pathlib.Path
+    assert task.options()["path"] == str(root)
+    assert json.loads(json.dumps(task.metadata()))["path"] == str(root)

@@ -24,8 +24,8 @@ _SOURCE = "Delétang et al. 2023; google-deepmind/randomized_positional_encoding
 class DuplicateString(_Transduction):
     """duplicate_string: ``BOS x SEP x x``: the string written twice (``duplication`` = 2).
 
-    Level CS. ``x`` uniform over ``alphabet`` (2 in the paper) symbols; the
-    answer is 2n tokens. Example (n=3): ``BOS 1 0 1 SEP 1 0 1 1 0 1``.
+    Level CS. ``x``: n symbols uniform over ``alphabet`` (2 in the paper);
+    the answer is 2n tokens. Example (n=3): ``BOS 1 0 1 SEP 1 0 1 1 0 1``.
     """
 
     names = ("duplicate_string",)
@@ -45,8 +45,9 @@ class DuplicateString(_Transduction):
 class OddsFirst(_Transduction):
     """odds_first: the symbols at odd (0-based) indices, then those at even indices.
 
-    Level CS. The original's code, ``concat(x[1::2], x[::2])`` (its
-    docstring example puts ``x[::2]`` first; the code is followed).
+    Level CS. ``x``: n symbols uniform over ``alphabet`` (2); the answer is
+    the original's code, ``concat(x[1::2], x[::2])`` (its docstring example
+    puts ``x[::2]`` first; the code is followed), n tokens.
     Example (n=8)::
 
         BOS 0 0 1 1 0 1 0 1 SEP 0 1 1 1 0 1 0 0
@@ -69,7 +70,9 @@ class OddsFirst(_Transduction):
 class BucketSort(Sort):
     """bucket_sort: ``BOS x SEP sorted(x)`` over an alphabet of 5 (:class:`Sort`, another default).
 
-    Level CS. Example (n=8): ``BOS 1 0 2 0 4 1 1 2 SEP 0 0 1 1 1 2 2 4``.
+    Level CS. ``x``: n symbols uniform over ``alphabet``; the answer is
+    ``x`` in ascending order, duplicates kept. Example (n=8):
+    ``BOS 1 0 2 0 4 1 1 2 SEP 0 0 1 1 1 2 2 4``.
     """
 
     names = ("bucket_sort",)

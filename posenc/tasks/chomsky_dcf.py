@@ -70,8 +70,9 @@ class StackManipulation(Task):
 class ReverseString(Reverse):
     """reverse_string: ``BOS x SEP reversed(x)`` over bits (the paper's binary alphabet).
 
-    Level DCF. :class:`posenc.tasks.synthetic.Reverse` with ``alphabet=2``
-    by default. Example (n=6): ``BOS 0 1 1 0 1 0 SEP 0 1 0 1 1 0``.
+    Level DCF. ``x``: n symbols uniform over ``alphabet``;
+    :class:`posenc.tasks.synthetic.Reverse` with ``alphabet=2`` by default.
+    Example (n=6): ``BOS 0 1 1 0 1 0 SEP 0 1 0 1 1 0``.
     """
 
     names = ("reverse_string",)
@@ -148,9 +149,9 @@ class ModularArithmeticBrackets(Task):
     ``+ - *`` uniform with ``mult=True``, the setting of the paper's
     experiments, or ``+ -``), digits uniform in ``[0, modulus)``. The
     answer is its value in ``[0, modulus)``. Symbols: digits, then
-    ``+ - * ( )``. Example (n=9)::
+    ``+ - * ( )``. Example (n=8)::
 
-        BOS ( ( - 3 ) * 2 ) SEP 4        ((-3)*2 = -6 = 4 mod 5)
+        BOS ( ( - 3 ) * 2 ) SEP 4        ((-3)*2 = -6 = 4 mod 5)      seq_len(n) = n + 3
     """
 
     names = ("modular_arithmetic_brackets",)
@@ -187,9 +188,9 @@ class SolveEquation(Task):
     the replacement, n characters in all; the answer is the replaced digit
     (unique: x enters with coefficient +1 or -1). Sizes start at 3 (the
     original returns an all-zero dummy below). Symbols: digits, then
-    ``+ - ( ) x =``. Example (n=9)::
+    ``+ - ( ) x =``. Example (n=10)::
 
-        BOS ( x - ( - 2 ) ) = 0 SEP 3      (3 + 2 = 5 = 0 mod 5)
+        BOS ( x - ( - 2 ) ) = 0 SEP 3      (3 + 2 = 5 = 0 mod 5)     seq_len(n) = n + 3
     """
 
     names = ("solve_equation",)

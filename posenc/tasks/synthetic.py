@@ -68,7 +68,7 @@ class _Transduction(Task):
 
 
 class Copy(_Transduction):
-    """copy: ``BOS x SEP x`` (Kazemnejad et al. 2023; Delétang et al. 2023 duplicate x x is ``duplicate_string``)."""
+    """copy: ``BOS x SEP x`` (Kazemnejad et al. 2023; Delétang et al.'s ``duplicate_string`` writes x twice)."""
 
     names = ("copy",)
     description = "BOS x SEP x: copy a string of `alphabet` symbols"

@@ -44,6 +44,8 @@ so batches are still a pure function of the key, work under ``jit`` and
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,7 +91,9 @@ class Text(Registered):
             self.corpus = load_corpus(DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
                                       corpus_lib.check_fraction(eval_fraction))
         self.max_bytes, self.eval_fraction = max_bytes, self.corpus.eval_fraction
-        self.path, self.tokens, self.token_dtype = path, tokens, token_dtype
+        # As given (str, so metadata stays JSON); the corpus records the absolute path.
+        self.path, self.tokens = (None if p is None else os.fspath(p) for p in (path, tokens))
+        self.token_dtype = token_dtype
         natural = 65536 if tokens is not None and token_dtype == "uint16" else 256
         if vocab_size is not None:
             vocab_size = check_int("vocab_size", vocab_size, minimum=self.corpus.max_token + 1, maximum=natural)
