@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from posenc import alibi, fire, kerple, t5
 from posenc.kernels import flash_attention, score_term, supported, terms
@@ -137,8 +138,8 @@ def test_term_tiles_equal_the_pure_biases():
     p = _uniform(2, (H,), 0.0, 2.5)  # some below and above the clamps
     table = _normal(3, (32, H))
     slopes = alibi.slopes(H)
-    params = _fire_params(4, H, hidden=32)
-    legacy = _fire_params(8, H, hidden=32, legacy_threshold=-30.0)
+    params = _fire_params(4, H, hidden=8)
+    legacy = _fire_params(8, H, hidden=8, legacy_threshold=-30.0)
     c, ck = _normal(5, (2, H, 12)), _normal(6, (2, H, 10))
 
     @jax.jit
@@ -152,14 +153,12 @@ def test_term_tiles_equal_the_pure_biases():
             (terms.kerple(a, p), kerple.bias(qp, kp, a, p)),
             (terms.kerple(a, p, kind="power"), kerple.bias(qp, kp, a, p, kind="power")),
             (terms.fire(params, init_L=40.0), fire.bias(qp, kp, params, init_L=40.0)),
-            (terms.fire(params), fire.bias(qp, kp, params)),
             (terms.fire(legacy), fire.bias(qp, kp, legacy)),
             (terms.fox(c, ck), c[..., :, None] - ck[..., None, :]),
         ]
         return [(score_term.dense(t, qp, kp), want) for t, want in cases]
 
-    names = ["alibi", "alibi", "t5", "t5", "kerple_log", "kerple_power", "fire", "fire", "fire",
-             "fox"]
+    names = ["alibi", "alibi", "t5", "t5", "kerple_log", "kerple_power", "fire", "fire", "fox"]
     for name, (got, want) in zip(names, both()):
         if name == "t5":
             np.testing.assert_array_equal(got, want)  # bucket boundaries bit for bit
@@ -172,23 +171,23 @@ def test_term_tiles_equal_the_pure_biases():
 def _causal_params(H, Lk):
     return {
         "slopes": alibi.slopes(H),
-        "table": _normal(10, (8, H)),
+        "table": _normal(10, (4, H)),
         "a": _uniform(11, (H,), 0.05, 1.0),
         "p": _uniform(12, (H,), 0.5, 1.5),
-        "fire": _fire_params(13, H, hidden=4),
+        "fire": _fire_params(13, H, hidden=2),
         "log_fgate": jax.nn.log_sigmoid(_uniform(17, (1, H, Lk), -1.0, 4.0)),
     }
 
 
 def _causal_biases(P, qp, kp, Lq):
-    return (alibi.bias(qp, kp, P["slopes"]) + t5.bias(qp, kp, P["table"], max_distance=16)
+    return (alibi.bias(qp, kp, P["slopes"]) + t5.bias(qp, kp, P["table"], max_distance=6)
             + kerple.bias(qp, kp, P["a"], P["p"]) + fire.bias(qp, kp, P["fire"], init_L=10.0)
             + fox_decay_bias(P["log_fgate"], Lq))
 
 
 def _causal_terms(P, Lq):
     c = jnp.cumsum(P["log_fgate"], axis=-1)
-    return [terms.alibi(P["slopes"]), terms.t5(P["table"], max_distance=16),
+    return [terms.alibi(P["slopes"]), terms.t5(P["table"], max_distance=6),
             terms.kerple(P["a"], P["p"]), terms.fire(P["fire"], init_L=10.0),
             terms.fox(c[..., -Lq:], c)]
 
@@ -252,9 +251,11 @@ def test_bidirectional_terms_chunked_batch_positions():
     _close_tree(g_got, g_want, rtol=1e-4, atol=1e-5)
 
 
-def test_bf16_gqa_window_chunk_and_rows_with_no_visible_key():
+def test_bf16_gqa_window_chunk_and_rows_with_no_visible_key_tpu_interpreter():
     """bf16 q, k, v (float32 accumulation), 4 query heads on 1 kv head, window 3 + chunk 4 +
-    kv_length 6 + q_offset 2: queries 6..11 see no key -> output exactly 0 and zero dq there."""
+    kv_length 6 + q_offset 2: queries 6..11 see no key -> output exactly 0 and zero dq there.
+    Runs the TPU block specs (scalars in SMEM) in Pallas' TPU interpreter, which simulates
+    VMEM blocks and their copies to and from HBM."""
     B, Lq, Lk, H, K, D = 1, 12, 12, 4, 1, 16
     q, k, v, w = _inputs(30, B, Lq, Lk, H, K, D, jnp.bfloat16)
     qp, kp = jnp.arange(2, 2 + Lq)[None], jnp.arange(Lk)[None]
@@ -267,7 +268,7 @@ def test_bf16_gqa_window_chunk_and_rows_with_no_visible_key():
         ts = [terms.alibi(P["slopes"]), terms.fox(c[..., 2:], c[..., :Lk])]
         return flash_attention(q, k, v, q_positions=qp, k_positions=kp, score_terms=ts,
                                q_offset=q_offset, kv_length=kv_length, block_q=8, block_k=8,
-                               interpret=True, **kw)
+                               interpret=pltpu.InterpretParams(), backend="tpu", **kw)
 
     def reference(q, k, v, P, q_offset, kv_length):
         c = jnp.cumsum(P["log_fgate"], -1)
@@ -323,44 +324,45 @@ def _brute_visible(cfg, q_offset, kv_len, lq, lk):
     return m
 
 
-@pytest.mark.parametrize("causal,window,chunk", [(True, None, None), (True, 5, None),
-                                                 (True, None, 8), (False, None, 8),
-                                                 (True, 3, 4), (False, 7, None)])
-def test_loop_bounds_visit_exactly_the_visible_blocks(causal, window, chunk):
+BOUND_CASES = [(True, None, None), (True, 5, None), (True, None, 8), (False, None, 8),
+               (True, 3, 4), (False, 7, None)]
+
+
+def test_loop_bounds_visit_exactly_the_visible_blocks():
     """kv_block_range / q_block_range: every block with a visible (query, key) pair is in
-    the loop range and the first and last blocks of a non-empty range hold one (so the
-    fully masked blocks before and after are skipped by the bounds)."""
+    the loop range, and the first and last blocks of the range hold one (so the fully
+    masked blocks before and after are skipped by the bounds, not only masked)."""
     bq, bk, nq, nk = 4, 8, 5, 4
-    cfg = fk.Config(scale=1.0, causal=causal, window=window, chunk=chunk, softcap=0.0,
-                    block_q=bq, block_k=bk, groups=1, batch_pos=False, terms=(), interpret=True,
-                    backend=None)
+    cfgs = [fk.Config(scale=1.0, causal=c, window=w, chunk=ch, softcap=0.0, block_q=bq,
+                      block_k=bk, groups=1, batch_pos=False, terms=(), interpret=True,
+                      backend=None) for c, w, ch in BOUND_CASES]
     offsets, lengths = np.meshgrid(np.arange(0, 14), np.arange(0, nk * bk + 1, 3))
     offsets, lengths = offsets.ravel().astype(np.int32), lengths.ravel().astype(np.int32)
 
     @jax.jit
+    @jax.vmap
     def ranges(q_offset, kv_len):
-        kv = jax.vmap(lambda qi: jnp.stack(fk.kv_block_range(cfg, q_offset + qi * bq, kv_len, nk)))(
-            jnp.arange(nq))
-        qr = jax.vmap(lambda kj: jnp.stack(fk.q_block_range(cfg, kj * bk, q_offset, kv_len, nq)))(
-            jnp.arange(nk))
-        return kv, qr
+        out = []
+        for cfg in cfgs:
+            kv = [jnp.stack(fk.kv_block_range(cfg, q_offset + qi * bq, kv_len, nk))
+                  for qi in range(nq)]
+            qr = [jnp.stack(fk.q_block_range(cfg, kj * bk, q_offset, kv_len, nq))
+                  for kj in range(nk)]
+            out.append((jnp.stack(kv), jnp.stack(qr)))
+        return out
 
-    kv_all, q_all = jax.vmap(ranges)(offsets, lengths)
-    for n, (off, kl) in enumerate(zip(offsets, lengths)):
-        vis = _brute_visible(cfg, int(off), int(kl), nq * bq, nk * bk)
-        blocks = vis.reshape(nq, bq, nk, bk).any(axis=(1, 3))  # [nq, nk]
-        for qi in range(nq):
-            lo, hi = (int(x) for x in kv_all[n, qi])
-            needed = np.flatnonzero(blocks[qi])
-            assert all(lo <= j < hi for j in needed), (off, kl, qi, lo, hi, needed)
-            if needed.size:
-                assert blocks[qi, lo] and blocks[qi, hi - 1], (off, kl, qi, lo, hi, needed)
-        for kj in range(nk):
-            lo, hi = (int(x) for x in q_all[n, kj])
-            needed = np.flatnonzero(blocks[:, kj])
-            assert all(lo <= i < hi for i in needed), (off, kl, kj, lo, hi, needed)
-            if needed.size:
-                assert blocks[lo, kj] and blocks[hi - 1, kj], (off, kl, kj, lo, hi, needed)
+    for cfg, (kv_all, q_all) in zip(cfgs, ranges(offsets, lengths)):
+        kv_all, q_all = np.asarray(kv_all), np.asarray(q_all)
+        for n, (off, kl) in enumerate(zip(offsets, lengths)):
+            vis = _brute_visible(cfg, int(off), int(kl), nq * bq, nk * bk)
+            blocks = vis.reshape(nq, bq, nk, bk).any(axis=(1, 3))  # [nq, nk]
+            where = (cfg.causal, cfg.window, cfg.chunk, int(off), int(kl))
+            for ranges_, need in ((kv_all[n], blocks), (q_all[n], blocks.T)):
+                for row, (lo, hi) in enumerate(ranges_):
+                    needed = np.flatnonzero(need[row])
+                    assert all(lo <= j < hi for j in needed), (where, row, lo, hi, needed)
+                    if needed.size:
+                        assert need[row, lo] and need[row, hi - 1], (where, row, lo, hi, needed)
 
 
 # ---------------------------------------------------------------- supported / errors

@@ -7,10 +7,12 @@ one (query block, key block) tile of positions into the additive logit term
 
 for one head. The kernel (``posenc.kernels.flash``) evaluates every term of a
 tuple on every tile it visits and adds them; it differentiates them with
-``jax.vjp`` inside the backward kernels, so a new encoding adds a term by
-writing ``fn`` only, from ops that lower on Triton and Mosaic TPU:
-elementwise math, compares and selects, reductions, small static loops; no
-gathers and no slicing of values (use :func:`pick`, a masked reduction).
+``jax.vjp`` inside the backward kernels (arrays and per-query vectors in the
+dq kernel, per-key vectors in the dk/dv kernel), so a new encoding adds a
+term by writing ``fn`` only, from ops that lower on Triton and Mosaic TPU:
+elementwise math, compares and selects, reductions over its own arrays,
+small static loops; no gathers and no slicing of values (use :func:`pick`, a
+masked reduction).
 
 Arrays and the shapes ``fn`` sees (n, m are padded to powers of two; the
 padding is zeros and must not change the result):
@@ -18,11 +20,17 @@ padding is zeros and must not change the result):
 - ``head``: tuple of float32 ``[H, n]`` (one row per query head) -> ``[1, n]``
 - ``shared``: tuple of float32 ``[m, n]`` (the same for every head) -> ``[m, n]``
 - ``q_vec`` / ``k_vec``: optional float32 ``[B | 1, H, Lq]`` / ``[B | 1, H, Lk]``
-  per-token values -> ``[bq, 1]`` / ``[1, bk]`` (``None`` when absent)
-- ``q_pos`` / ``k_pos``: int32 ``[bq, 1]`` / ``[1, bk]``; result ``[bq, bk]`` float32.
+  per-token values, ``None`` when absent
+- ``q_pos`` / ``k_pos``: int32 positions.
 
-Terms must be finite everywhere (also on masked and padded entries, where
-the kernel discards them).
+The tile is formed by broadcasting the query side against the key side:
+``q_pos``, ``q_vec`` are columns ``[bq, 1]`` and ``k_pos``, ``k_vec`` rows
+``[1, bk]`` (result ``[bq, bk]``) in the forward and dq kernels; the dk/dv
+kernel works on the transposed tile, passing rows ``[1, bq]`` and columns
+``[bk, 1]`` (result ``[bk, bq]``). ``fn`` must therefore be elementwise in
+the tile (it never reduces over or reshapes the tile axes), which every
+relative-position bias is. Terms must be finite everywhere (also on masked
+and padded entries, where the kernel discards them).
 """
 
 from __future__ import annotations
