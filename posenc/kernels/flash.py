@@ -157,8 +157,9 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
         and kv_length may be traced scalars.
       softcap: 0 = off, else ``cap * tanh(s / cap)`` on the pre-mask logit.
       block_q, block_k: powers of two (default 64 on GPU, 128 on TPU), clipped to the lengths.
-      interpret: None = Pallas interpreter on CPU only; True forces it (any Pallas
-        InterpretParams is passed through).
+      interpret: None = the Pallas interpreter on CPU, compiled kernels elsewhere; True
+        forces the interpreter; ``pltpu.InterpretParams()`` with ``backend="tpu"`` runs
+        the TPU block specs in Pallas' TPU interpreter.
       backend: "gpu" (Triton) | "tpu" (Mosaic) | None = from the default device.
     Returns:
       [B, Lq, H, Dh] in q.dtype.

@@ -22,7 +22,6 @@ broadcasting a column against a row: no transposes, lane-dense vectors.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -57,7 +56,7 @@ class Config:
 # ---------------------------------------------------------------- the tile
 
 def _mask(cfg, q_idx, k_idx, kv_len):
-    """Key j visible to query i (indices): [bq, 1] x [1, bk] -> bool [bq, bk]."""
+    """Key j visible to query i (indices), broadcast column x row (either orientation)."""
     m = k_idx < kv_len
     if cfg.causal:
         m = m & (k_idx <= q_idx)
@@ -73,7 +72,7 @@ def _cap(cfg, raw):
 
 
 def _logits(cfg, q, k, e):
-    """Pre-mask logit ``softcap(scale q.k + E)`` (float32 [bq, bk])."""
+    """Pre-mask logit ``softcap(scale q.k + E)``, float32 [len(q), len(k)]."""
     s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * cfg.scale
     if e is not None:
         s = s + e
@@ -139,18 +138,14 @@ def q_block_range(cfg, key_first, q_offset, kv_len, num_q_blocks):
 
 def _split_terms(cfg, refs):
     """Flat term refs -> per-term (head refs, shared refs, q_vec ref | None, k_vec ref | None)."""
-    out, pos = [], 0
+    out, it = [], iter(refs)
     for _, nh, ns, hq, hk in cfg.terms:
-        head = tuple(refs[pos:pos + nh]); pos += nh
-        shared = tuple(refs[pos:pos + ns]); pos += ns
-        qv = refs[pos] if hq else None; pos += hq
-        kv = refs[pos] if hk else None; pos += hk
+        head = tuple(next(it) for _ in range(nh))
+        shared = tuple(next(it) for _ in range(ns))
+        qv = next(it) if hq else None
+        kv = next(it) if hk else None
         out.append((head, shared, qv, kv))
-    return out, refs[pos:]
-
-
-def _num_term_refs(cfg):
-    return sum(nh + ns + hq + hk for _, nh, ns, hq, hk in cfg.terms)
+    return out, list(it)
 
 
 def _iota(n, axis):
@@ -196,9 +191,8 @@ def _fwd_kernel(scal_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, *refs, cfg):
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
             jnp.zeros((bq, 1), jnp.float32))
     o, m, l = lax.fori_loop(lo, hi, body, init)
-    nonempty = l > 0
     # A query with no visible key gets output 0; its lse is never used (all p = 0).
-    l_safe = jnp.where(nonempty, l, 1.0)
+    l_safe = jnp.where(l > 0, l, 1.0)
     o_ref[...] = (o / l_safe).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log(l_safe)
 
