@@ -79,48 +79,46 @@ def _split(x):
 def turn_table(inv_freq) -> tuple:
     """Per-digit turn rates R_k = frac(2^(12 k) f / (2 pi)), k = 0, 1, 2, as three exact pieces.
 
-    Returns ((a1, a2, a3) for k = 0, 1, 2), each float32 [F] shaped like
-    inv_freq: a1 on the grid 2^-12 with |a1| <= 1/2, a2 on 2^-24 with
-    |a2| <= 2^-13, a3 on 2^-48 with |a3| < 2^-24 (so that a digit < 2^12
-    times a1 or a2 is exact), and a1 + a2 + a3 = R_k within 2^-45.
+    Returns (a1, a2, a3), each float32 [3, F] (row k for digit k): a1 on the
+    grid 2^-12 with |a1| <= 1/2, a2 on 2^-24 with |a2| <= 2^-13, a3 on 2^-48
+    with |a3| < 2^-24 (so that a digit < 2^12 times a1 or a2 is exact), and
+    a1 + a2 + a3 = R_k within 2^-45.
     """
     f = jnp.asarray(inv_freq, jnp.float32)
-    parts = _split(f)
-    table = []
-    for k in range(3):
-        scale = jnp.float32(2.0 ** (_BITS * k))
-        # Each term is a product of two 12-bit numbers: exact.
-        x = jnp.stack([(p * scale) * jnp.float32(c) for p in parts for c in _INV_TWO_PI])
-        x = _frac(x)
-        grids = []
-        for m in range(1, 5):  # fixed-point pieces on the grids 2^-12, 2^-24, 2^-36, 2^-48
-            step = jnp.float32(2.0 ** (_BITS * m))
-            g = jnp.round(x * step) / step
-            x = x - g
-            grids.append(jnp.sum(g, axis=0))  # <= 16 terms on one grid: the sum is exact
-        g1, g2, g3, g4 = grids
-        # Carry each grid's excess into the one above, so the pieces meet the bounds above.
-        c = jnp.round(g4 * 2.0**36) / 2.0**36
-        g3, g4 = g3 + c, g4 - c
-        c = jnp.round(g3 * 2.0**24) / 2.0**24
-        g2, g3 = g2 + c, g3 - c
-        c = jnp.round(g2 * 2.0**12) / 2.0**12
-        g1, g2 = g1 + c, g2 - c
-        table.append((_frac(g1), g2, g3 + g4))
-    return tuple(table)
+    parts = jnp.stack(_split(f))  # [2, F], 12 bits each
+    scale = jnp.asarray([2.0 ** (_BITS * k) for k in range(3)], jnp.float32)[:, None, None, None]
+    chunks = jnp.asarray(_INV_TWO_PI, jnp.float32)[None, None, :, None]
+    x = _frac((parts[None, :, None] * scale) * chunks)  # [3, 2, 8, F]: 12-bit x 12-bit products, exact
+    grids = []
+    for m in range(1, 5):  # fixed-point pieces on the grids 2^-12, 2^-24, 2^-36, 2^-48
+        step = 2.0 ** (_BITS * m)
+        g = jnp.round(x * step) / step
+        x = x - g
+        grids.append(jnp.sum(g, axis=(1, 2)))  # 16 terms on one grid: the sum is exact
+    g1, g2, g3, g4 = grids
+    # Carry each grid's excess into the one above, so the pieces meet the bounds above.
+    c = jnp.round(g4 * 2.0**36) / 2.0**36
+    g3, g4 = g3 + c, g4 - c
+    c = jnp.round(g3 * 2.0**24) / 2.0**24
+    g2, g3 = g2 + c, g3 - c
+    c = jnp.round(g2 * 2.0**12) / 2.0**12
+    g1, g2 = g1 + c, g2 - c
+    return _frac(g1), g2, g3 + g4
 
 
+@jax.jit  # many small ops: one compiled kernel per shape also when called eagerly
 def _reduced(positions, inv_freq):
     p = positions.astype(jnp.int32)[..., None]
     digits = (p & 0xFFF, (p >> _BITS) & 0xFFF, p >> (2 * _BITS))  # arithmetic shift keeps the sign
     turns = jnp.zeros(jnp.broadcast_shapes(p.shape, inv_freq.shape), jnp.float32)
     small = turns
-    for d, (a1, a2, a3) in zip(digits, turn_table(inv_freq)):
+    a1, a2, a3 = turn_table(inv_freq)
+    for k, d in enumerate(digits):
         d = d.astype(jnp.float32)
         # turns and every added term lie in [-1/2, 1/2] on the grid 2^-24: exact sums mod 1.
-        turns = _frac(turns + _frac(d * a1))
-        turns = _frac(turns + d * a2)
-        small = small + d * a3  # < 2^-12 per digit: rounding here is ~2^-37 turns
+        turns = _frac(turns + _frac(d * a1[k]))
+        turns = _frac(turns + d * a2[k])
+        small = small + d * a3[k]  # < 2^-12 per digit: rounding here is ~2^-37 turns
     turns = _frac(turns + small)
     return turns * _TWO_PI_HI + turns * _TWO_PI_LO  # 2 pi in two pieces: its float32 rounding is 9e-8 rad at pi
 

@@ -16,9 +16,11 @@ sin / cos of the absolute positions a, b. With float32 angles a * inv_i
 default) the angles are reduced modulo 2 pi from the integer positions
 (``posenc.phase``), so the error stays at float32 rounding (~1e-6 relative)
 for every position up to 2^31, for arbitrary (non-contiguous) positions and
-for any (query block, key block) slice. The rel-shift form
+for any (query block, key block) slice, at +10-17% CPU time over canonical
+angles (H 4, Dh 32, D_r 128, L = 256 and 512). The rel-shift form
 (``contiguous=True``) works from the small integer distances of a block and
-is exact too, but only for runs of consecutive positions.
+is exact too, but only for runs of consecutive positions, and was slower
+here (+15-30% over the exact identity).
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def logits(q, k, q_positions, k_positions, *, u, v, w_r, contiguous: bool = Fals
         p = jnp.einsum("...qhd,fhd->...hqf", qv, w_r)  # [..., H, Lq, D_r]
         ps, pc = p[..., : d_r // 2], p[..., d_r // 2 :]
         ea, eb = relative_embedding(qpos, d_r, angles=angles), relative_embedding(kpos, d_r, angles=angles)
+        # shared by the heads: keep XLA from recomputing the angles per head inside the fusion below
+        ea, eb = jax.lax.optimization_barrier((ea, eb))
         sa, ca = ea[..., None, :, : d_r // 2], ea[..., None, :, d_r // 2 :]  # [..., 1, Lq, D_r/2]
         sb, cb = eb[..., None, :, : d_r // 2], eb[..., None, :, d_r // 2 :]  # [..., 1, Lk, D_r/2]
         x_cos = ps * sa + pc * ca  # multiplies cos(b w)
