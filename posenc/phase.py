@@ -92,16 +92,16 @@ def turn_table(inv_freq) -> tuple:
     grids = []
     for m in range(1, 5):  # fixed-point pieces on the grids 2^-12, 2^-24, 2^-36, 2^-48
         step = 2.0 ** (_BITS * m)
-        g = jnp.round(x * step) / step
+        g = jnp.round(x * step) * (1 / step)  # powers of two: exact (a division may not be, e.g. on TPU)
         x = x - g
         grids.append(jnp.sum(g, axis=(1, 2)))  # 16 terms on one grid: the sum is exact
     g1, g2, g3, g4 = grids
     # Carry each grid's excess into the one above, so the pieces meet the bounds above.
-    c = jnp.round(g4 * 2.0**36) / 2.0**36
+    c = jnp.round(g4 * 2.0**36) * 2.0**-36
     g3, g4 = g3 + c, g4 - c
-    c = jnp.round(g3 * 2.0**24) / 2.0**24
+    c = jnp.round(g3 * 2.0**24) * 2.0**-24
     g2, g3 = g2 + c, g3 - c
-    c = jnp.round(g2 * 2.0**12) / 2.0**12
+    c = jnp.round(g2 * 2.0**12) * 2.0**-12
     g1, g2 = g1 + c, g2 - c
     return _frac(g1), g2, g3 + g4
 
