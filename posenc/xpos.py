@@ -111,9 +111,14 @@ def _factor(positions, offset, d, *, is_key, scale_base, gamma):
     rel = _relative(positions, offset)
     grow = rel if is_key else -rel  # how far the factor has grown past 1, in positions
     limit = max_distance(scale_base=scale_base, gamma=gamma)
-    if _concrete(positions, offset) and np.size(grow) and int(np.max(np.asarray(grow))) > limit:
+    if _concrete(positions, offset) and np.size(positions):
+        # numpy, not jnp: under jit even arithmetic on concrete arrays is traced
+        host = np.asarray(positions, np.int64) - np.asarray(offset, np.int64)[..., None]
+        worst = int(np.max(host if is_key else -host))
+    else:
+        worst = None
+    if worst is not None and worst > limit:
         side, where = ("key", "after") if is_key else ("query", "before")
-        worst = int(np.max(np.asarray(grow)))
         raise ValueError(
             f"xPos {side} position {worst} {where} the offset exceeds max_distance = {limit} "
             f"(scale_base={scale_base}, gamma={gamma}: zeta^(distance / scale_base) must stay <= "
@@ -184,7 +189,8 @@ def apply_pair(q, k, q_positions, k_positions, inv_freq, *, offset=None, scale_b
     if offset is None:
         offset = pair_offset(qp, kp)
         if _concrete(qp, kp) and qp.size and kp.size:
-            span = int(np.max(np.asarray(jnp.max(kp, -1)[..., None] - jnp.min(qp, -1)[..., None])))
+            # numpy, not jnp: under jit even arithmetic on concrete arrays is traced
+            span = int(np.max(np.asarray(kp, np.int64).max(-1) - np.asarray(qp, np.int64).min(-1)))
             limit = max_distance(scale_base=scale_base, gamma=gamma)
             if span > 2 * limit:
                 raise ValueError(
