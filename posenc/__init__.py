@@ -4,21 +4,22 @@ Pure functions (jax only) live in the top-level modules; ``posenc.model``
 composes them into a Flax NNX decoder. See docs/api.md.
 """
 
-from posenc import registry
+import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
-_PURE = (
-    "absolute", "rope", "rope_scaling", "xpos", "alibi", "t5", "shaw", "transformer_xl", "kerple",
-    "fire", "cope", "irope", "norms", "placements", "stability",
-)
-
 
 def __getattr__(name):
-    # Lazy submodule import: `import posenc; posenc.rope.apply(...)` works
-    # without importing every module (and Flax) at `import posenc`.
-    if name in _PURE or name in ("model", "tasks", "training"):
-        import importlib
-
+    # Lazy submodule import: `import posenc; posenc.rope.apply(...)` works without
+    # importing every module (and Flax) at `import posenc`. Any module or package
+    # in this directory is reachable, so a new module needs no list entry here.
+    if not name.startswith("_") and importlib.util.find_spec(f"posenc.{name}") is not None:
         return importlib.import_module(f"posenc.{name}")
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")
+
+
+def __dir__():
+    import pkgutil
+
+    return sorted({*globals(), *(m.name for m in pkgutil.iter_modules(__path__))})

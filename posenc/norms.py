@@ -10,18 +10,21 @@ afterwards; in bf16 the two orders are not bit-identical. Parameters (gain,
 bias) are read in float32 whatever their storage dtype.
 
 ``normalize(kind, x, params)`` and ``init_params(kind, dim)`` dispatch on the
-names in ``posenc.registry.NORM_KINDS`` so that a model can build any norm
-from a config string.
+names of :data:`NORMS` (each entry: description, parameters, the keywords it
+takes) so that a model can build any norm from a config string; a keyword
+the kind does not use is a ValueError.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from posenc import registry
+from posenc import checks
 
 _F32 = jnp.float32
 
@@ -217,43 +220,81 @@ def deepnorm_constants(num_layers):
 
 
 # ---------------------------------------------------------------------------
-# Dispatch by registry name.
-
-# kind -> (required param names, fn(x, params, eps) -> y). eps=None means the
-# function's own default.
-def _kw(eps):
-    return {} if eps is None else {"eps": eps}
+# Dispatch by name: one entry per norm kind says everything about it.
 
 
-_NORMS = {
-    "layer": (("bias", "scale"), lambda x, p, e: layer_norm(x, p["scale"], p["bias"], **_kw(e))),
-    "layer_nobias": (("scale",), lambda x, p, e: layer_norm(x, p["scale"], **_kw(e))),
-    "rms": (("scale",), lambda x, p, e: rms_norm(x, p["scale"], **_kw(e))),
-    "rms_offset": (
-        ("scale",),
-        lambda x, p, e: rms_norm(x, p["scale"], unit_offset=True, **_kw(e)),
-    ),
-    "scale": (("gain",), lambda x, p, e: scale_norm(x, p["gain"], **_kw(e))),
-    # DyT has no eps; a given eps is ignored so one config drives every kind.
-    "dyt": (("alpha", "beta", "gamma"), lambda x, p, e: dyt(x, p["alpha"], p["gamma"], p["beta"])),
-    "none": ((), lambda x, p, e: x),
+@dataclasses.dataclass(frozen=True)
+class NormKind:
+    """A norm selectable by name: description, parameters, and the keywords it takes."""
+
+    description: str
+    apply: Callable  # (x, params, **keywords) -> y
+    init: Callable  # (dim, **init_keywords) -> params dict
+    params: tuple[str, ...]  # the keys of that dict, sorted
+    keywords: tuple[str, ...] = ()  # keywords of `normalize` this kind uses
+    init_keywords: tuple[str, ...] = ()  # keywords of `init_params` this kind uses
+
+
+def _ones(dim):
+    return jnp.ones((dim,), _F32)
+
+
+def _zeros(dim):
+    return jnp.zeros((dim,), _F32)
+
+
+def _dyt_init(dim, dyt_alpha=0.5):
+    return {"alpha": jnp.asarray(_positive("dyt_alpha", dyt_alpha), _F32), "gamma": _ones(dim),
+            "beta": _zeros(dim)}
+
+
+NORMS: dict[str, NormKind] = {
+    "layer": NormKind("LayerNorm with bias",
+                      lambda x, p, **kw: layer_norm(x, p["scale"], p["bias"], **kw),
+                      lambda d: {"scale": _ones(d), "bias": _zeros(d)}, ("bias", "scale"), ("eps",)),
+    "layer_nobias": NormKind("LayerNorm without bias",
+                             lambda x, p, **kw: layer_norm(x, p["scale"], **kw),
+                             lambda d: {"scale": _ones(d)}, ("scale",), ("eps",)),
+    "rms": NormKind("RMSNorm with gain g", lambda x, p, **kw: rms_norm(x, p["scale"], **kw),
+                    lambda d: {"scale": _ones(d)}, ("scale",), ("eps",)),
+    "rms_offset": NormKind("RMSNorm with gain (1 + w), w init 0 (Gemma)",
+                           lambda x, p, **kw: rms_norm(x, p["scale"], unit_offset=True, **kw),
+                           lambda d: {"scale": _zeros(d)}, ("scale",), ("eps",)),
+    "scale": NormKind("ScaleNorm, one scalar gain init sqrt(D) (Nguyen & Salazar 2019)",
+                      lambda x, p, **kw: scale_norm(x, p["gain"], **kw),
+                      lambda d: {"gain": jnp.asarray(math.sqrt(d), _F32)}, ("gain",), ("eps",)),
+    "dyt": NormKind("Dynamic Tanh (Zhu et al. 2025)",
+                    lambda x, p: dyt(x, p["alpha"], p["gamma"], p["beta"]), _dyt_init,
+                    ("alpha", "beta", "gamma"), init_keywords=("dyt_alpha",)),
+    "none": NormKind("identity", lambda x, p: x, lambda d: {}, ()),
 }
+KINDS = tuple(NORMS)
+
+
+def _kind(kind) -> NormKind:
+    return NORMS[checks.choice("norm kind", kind, NORMS)]
+
+
+def _given(**kw) -> dict:
+    return {k: v for k, v in kw.items() if v is not None}
 
 
 def normalize(kind, x, params, *, eps=None):
-    """Apply the norm named ``kind`` (``posenc.registry.NORM_KINDS``).
+    """Apply the norm named ``kind`` (one of :data:`NORMS`).
 
     Args:
       kind: one of layer, layer_nobias, rms, rms_offset, scale, dyt, none.
       x: ``[..., D]``.
       params: dict as returned by :func:`init_params` (same keys).
       eps: > 0, or None for each function's default (1e-6; ScaleNorm 1e-5).
-        DyT and none take no eps and ignore it.
+        DyT and none take no eps: passing one is a ValueError.
     Returns:
       ``[..., D]`` in ``x.dtype``.
     """
-    registry.check_norm_kind(kind)
-    names, fn = _NORMS[kind]
+    norm = _kind(kind)
+    kw = _given(eps=eps)
+    checks.no_extra(f"norm kind {kind!r}", kw, allowed=norm.keywords)
+    names = norm.params
     got = tuple(sorted(params))
     if got != names:
         raise ValueError(
@@ -262,26 +303,19 @@ def normalize(kind, x, params, *, eps=None):
         )
     if eps is not None:
         _check_eps(eps)
-    return fn(x, params, eps)
+    return norm.apply(x, params, **kw)
 
 
-def init_params(kind, dim, *, dyt_alpha=0.5):
+def init_params(kind, dim, *, dyt_alpha=None):
     """Standard initial parameters (float32) of the norm named ``kind``.
 
     layer: scale ones [D], bias zeros [D]; layer_nobias, rms: scale ones;
     rms_offset: scale zeros (gain 1 + 0); scale: gain sqrt(D) scalar;
-    dyt: alpha ``dyt_alpha`` scalar, gamma ones, beta zeros; none: {}.
+    dyt: alpha ``dyt_alpha`` (default 0.5) scalar, gamma ones, beta zeros;
+    none: {}. ``dyt_alpha`` with another kind is a ValueError.
     """
-    registry.check_norm_kind(kind)
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be an integer >= 1; got {dim!r}")
-    ones, zeros = jnp.ones((dim,), _F32), jnp.zeros((dim,), _F32)
-    return {
-        "layer": lambda: {"scale": ones, "bias": zeros},
-        "layer_nobias": lambda: {"scale": ones},
-        "rms": lambda: {"scale": ones},
-        "rms_offset": lambda: {"scale": zeros},
-        "scale": lambda: {"gain": jnp.asarray(math.sqrt(dim), _F32)},
-        "dyt": lambda: {"alpha": jnp.asarray(dyt_alpha, _F32), "gamma": ones, "beta": zeros},
-        "none": dict,
-    }[kind]()
+    norm = _kind(kind)
+    kw = _given(dyt_alpha=dyt_alpha)
+    checks.no_extra(f"init_params of norm kind {kind!r}", kw, allowed=norm.init_keywords)
+    dim = checks.integer("dim", dim, minimum=1)
+    return norm.init(dim, **kw)

@@ -18,29 +18,46 @@ Shapes: ``x`` is ``[..., D]``; the result has the shape and dtype of ``x``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
 
-from posenc import norms, registry
+from posenc import checks, norms
 
-PLACEMENTS = tuple(registry.PLACEMENTS)
 
-# Whether the decoder applies a norm after the last layer. Mix-LN ends in
-# pre-norm layers, whose residual stream is unnormalised, so it keeps the
-# final norm (the Mix-LN code keeps Llama's final RMSNorm).
-_FINAL_NORM = {
-    "pre": True,
-    "post": False,
-    "sandwich": True,
-    "reordered": True,
-    "deepnorm": False,
-    "mixln": True,
-    "rezero": False,
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A residual placement: what it is, whether the decoder ends with a norm, what it takes."""
+
+    description: str
+    final_norm: bool  # the decoder normalises after its last layer
+    keywords: tuple[str, ...] = ()  # keywords of `residual` it uses (beyond x, sublayer, norm)
+    uses_norm: bool = True
+
+
+# Mix-LN ends in pre-norm layers, whose residual stream is unnormalised, so it
+# keeps the final norm (the Mix-LN code keeps Llama's final RMSNorm).
+PLACEMENTS: dict[str, Placement] = {
+    "pre": Placement("x + F(N(x)), final norm (GPT-2, Llama)", True),
+    "post": Placement("N(x + F(x)), no final norm (Vaswani, BERT)", False),
+    "sandwich": Placement("x + N_out(F(N_in(x))), final norm (Gemma 2/3, Peri-LN)", True,
+                          ("norm_out",)),
+    "reordered": Placement("x + N(F(x)), final norm (OLMo 2, Swin v2)", True),
+    "deepnorm": Placement("N(alpha x + F(x)) with beta init scaling (Wang et al. 2022)", False,
+                          ("alpha",)),
+    "mixln": Placement("post-norm in the first fraction of layers, pre-norm after (Li et al. 2024)",
+                       True),
+    "rezero": Placement("x + a F(x), a init 0 shared by the layer's sublayers, no norm "
+                        "(Bachlechner et al. 2020)", False, ("gate",), uses_norm=False),
 }
 
 
-def residual(placement, x, sublayer, norm, *, norm_out=None, alpha=1.0, gate=None):
+def _placement(name) -> Placement:
+    return PLACEMENTS[checks.choice("norm placement", name, PLACEMENTS)]
+
+
+def residual(placement, x, sublayer, norm=None, *, norm_out=None, alpha=None, gate=None):
     """One residual block ``x -> x'`` with the norm(s) placed per ``placement``.
 
     Args:
@@ -48,43 +65,47 @@ def residual(placement, x, sublayer, norm, *, norm_out=None, alpha=1.0, gate=Non
         must first be resolved with :func:`layer_placement`).
       x: ``[..., D]`` residual stream.
       sublayer: ``F``, maps ``[..., D]`` to ``[..., D]``.
-      norm: ``N`` (``N_in`` for sandwich); unused (may be None) for rezero.
-      norm_out: ``N_out``, required for sandwich, ignored otherwise.
+      norm: ``N`` (``N_in`` for sandwich); rezero takes none.
+      norm_out: ``N_out``, sandwich only (required there).
       alpha: DeepNorm residual scale ``(2L)^(1/4)`` (see
-        ``posenc.norms.deepnorm_constants``); ignored by other placements.
-      gate: ReZero scalar ``a`` (a parameter initialised to 0); required for
-        rezero, ignored otherwise.
+        ``posenc.norms.deepnorm_constants``), deepnorm only (required there).
+      gate: ReZero scalar ``a`` (a parameter initialised to 0), rezero only
+        (required there).
+    A keyword the placement does not use is a ValueError.
     Returns:
       ``[..., D]`` in ``x.dtype`` (the sum is cast back so that a float32
       sublayer output or gate does not promote a bf16 residual stream).
     """
-    registry.check_placement(placement)
+    spec = _placement(placement)
     if placement == "mixln":
         raise ValueError(
             "placement 'mixln' is per layer: resolve it with "
             "layer_placement('mixln', layer_index, num_layers) to 'post' or 'pre' first"
         )
+    given = {k: v for k, v in (("norm_out", norm_out), ("alpha", alpha), ("gate", gate))
+             if v is not None}
+    checks.no_extra(f"placement {placement!r}", given, allowed=spec.keywords)
+    for name in spec.keywords:
+        if name not in given:
+            raise ValueError(f"placement {placement!r} needs {name}=; got None")
+    if spec.uses_norm and norm is None:
+        raise ValueError(f"placement {placement!r} needs a norm function; got None")
+    if not spec.uses_norm and norm is not None:
+        raise ValueError(f"placement {placement!r} uses no norm; got norm={norm!r}")
     if placement == "rezero":
-        if gate is None:
-            raise ValueError("placement 'rezero' needs gate= (a scalar parameter initialised to 0)")
         if jnp.shape(gate) != ():
             raise ValueError(f"rezero gate must be a scalar (shape ()); got shape {jnp.shape(gate)}")
         y = x + gate * sublayer(x)
-    else:
-        if norm is None:
-            raise ValueError(f"placement {placement!r} needs a norm function; got None")
-        if placement == "pre":
-            y = x + sublayer(norm(x))
-        elif placement == "post":
-            y = norm(x + sublayer(x))
-        elif placement == "sandwich":
-            if norm_out is None:
-                raise ValueError("placement 'sandwich' needs norm_out= (the norm after the sublayer)")
-            y = x + norm_out(sublayer(norm(x)))
-        elif placement == "reordered":
-            y = x + norm(sublayer(x))
-        else:  # deepnorm
-            y = norm(alpha * x + sublayer(x))
+    elif placement == "pre":
+        y = x + sublayer(norm(x))
+    elif placement == "post":
+        y = norm(x + sublayer(x))
+    elif placement == "sandwich":
+        y = x + norm_out(sublayer(norm(x)))
+    elif placement == "reordered":
+        y = x + norm(sublayer(x))
+    else:  # deepnorm
+        y = norm(alpha * x + sublayer(x))
     return jnp.asarray(y).astype(x.dtype)
 
 
@@ -112,15 +133,19 @@ def num_post_layers(num_layers, *, mixln_fraction=0.25):
     return min(num_layers, math.floor(f * num_layers + 1e-9))
 
 
-def layer_placement(placement, layer_index, num_layers, *, mixln_fraction=0.25):
+def layer_placement(placement, layer_index, num_layers, *, mixln_fraction=None):
     """The concrete placement of layer ``layer_index`` (0-based) of ``num_layers``.
 
     ``mixln`` resolves to ``"post"`` for ``layer_index < floor(mixln_fraction *
-    num_layers)`` and ``"pre"`` after (Li et al. 2024); every other placement
-    is returned unchanged.
+    num_layers)`` (default fraction 0.25) and ``"pre"`` after (Li et al. 2024);
+    every other placement is returned unchanged (``mixln_fraction`` with
+    another placement is a ValueError).
     """
-    registry.check_placement(placement)
-    n_post = num_post_layers(num_layers, mixln_fraction=mixln_fraction)
+    _placement(placement)
+    if placement != "mixln" and mixln_fraction is not None:
+        raise ValueError(f"placement {placement!r} does not use mixln_fraction; "
+                         f"got mixln_fraction={mixln_fraction!r} (only 'mixln' takes it)")
+    n_post = num_post_layers(num_layers, mixln_fraction=0.25 if mixln_fraction is None else mixln_fraction)
     if (
         isinstance(layer_index, bool)
         or not isinstance(layer_index, int)
@@ -139,7 +164,7 @@ def has_final_norm(placement):
 
     pre, sandwich, reordered, mixln: True; post, deepnorm, rezero: False.
     """
-    return _FINAL_NORM[registry.check_placement(placement)]
+    return _placement(placement).final_norm
 
 
 def deepnorm_init_gain(num_layers):

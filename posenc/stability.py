@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from posenc import norms, registry
+from posenc import checks, norms
 
 _F32 = jnp.float32
 
@@ -41,20 +41,22 @@ def _rms_full(x, scale, eps):
     return norms.rms_norm(flat, scale, eps=eps).reshape(x.shape)
 
 
-_PARAM_NAMES = {
-    "none": (),
-    "layer": ("q_scale", "k_scale"),
-    "rms": ("q_scale", "k_scale"),
-    "rms_full": ("q_scale", "k_scale"),
-    "l2": ("temperature",),
+# name -> (description, param names, keywords of qk_norm_init it uses)
+QK_NORMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "none": ("no QK normalisation", (), ()),
+    "layer": ("LayerNorm without bias over head_dim (ViT-22B)", ("q_scale", "k_scale"), ()),
+    "rms": ("RMSNorm per head over head_dim (Gemma 3, Qwen 3)", ("q_scale", "k_scale"), ()),
+    "rms_full": ("RMSNorm over the full q / k projection (OLMo 2)", ("q_scale", "k_scale"), ()),
+    "l2": ("L2 normalisation with a learned temperature (cosine attention)", ("temperature",),
+           ("l2_temperature",)),
 }
 
 
-def qk_norm(kind, q, k, params, *, eps=1e-6):
+def qk_norm(kind, q, k, params, *, eps=None):
     """Normalise queries and keys before the dot product (and before RoPE).
 
     Dehghani et al. 2023 (ViT-22B) stabilise attention-logit growth this way
-    (also Wortsman et al. 2023). Kinds (``posenc.registry.QK_NORMS``):
+    (also Wortsman et al. 2023). Kinds (:data:`QK_NORMS`):
 
     - ``none``: unchanged.
     - ``layer``: LayerNorm without bias over ``Dh``; ``q_scale``, ``k_scale``
@@ -70,13 +72,16 @@ def qk_norm(kind, q, k, params, *, eps=1e-6):
       q: ``[..., L, H, Dh]``.
       k: ``[..., L, Hkv, Dh]``.
       params: dict from :func:`qk_norm_init`.
-      eps: > 0.
+      eps: > 0, default 1e-6; ``none`` takes no eps (passing one is a ValueError).
     Returns:
       ``(q, k)`` with their shapes and dtypes.
     """
-    registry.check_qk_norm(kind)
+    checks.choice("qk_norm", kind, QK_NORMS)
+    if kind == "none" and eps is not None:
+        raise ValueError(f"qk_norm 'none' does not use eps; got eps={eps!r}")
+    eps = 1e-6 if eps is None else eps
     _check_qk(q, k)
-    expected = tuple(sorted(_PARAM_NAMES[kind]))
+    expected = tuple(sorted(QK_NORMS[kind][1]))
     got = tuple(sorted(params))
     if got != expected:
         raise ValueError(
@@ -112,12 +117,13 @@ def qk_norm_init(kind, num_heads, num_kv_heads, head_dim, *, l2_temperature=None
     ``[H * Dh]`` and ``[Hkv * Dh]``; l2: ``temperature`` scalar, default
     ``head_dim``: with the usual ``1 / sqrt(Dh)`` attention scale the logits
     start at ``sqrt(Dh) * cos(q, k)``, the softmax scale of nGPT (Loshchilov
-    et al. 2024); none: {}.
+    et al. 2024); none: {}. ``l2_temperature`` with another kind is a ValueError.
     """
-    registry.check_qk_norm(kind)
+    checks.choice("qk_norm", kind, QK_NORMS)
+    given = {} if l2_temperature is None else {"l2_temperature": l2_temperature}
+    checks.no_extra(f"qk_norm_init of qk_norm {kind!r}", given, allowed=QK_NORMS[kind][2])
     for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
+        checks.integer(name, v, minimum=1)
     if num_heads % num_kv_heads:
         raise ValueError(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"

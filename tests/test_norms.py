@@ -213,8 +213,7 @@ def test_gain_applied_in_float32_before_cast():
 # -------------------------------------------------------------- dispatch
 
 
-def test_dispatch_covers_registry_and_matches_functions():
-    assert set(norms._NORMS) == set(registry.NORM_KINDS)
+def test_dispatch_matches_functions():
     x = _x(14)
     expected = {
         "layer": _np_layer(x, 1.0, 0.0, 1e-6),
@@ -234,6 +233,17 @@ def test_dispatch_covers_registry_and_matches_functions():
         norms.normalize("rms", x, norms.init_params("rms", D), eps=0.5),
         _np_rms(x, 1.0, 0.5), rtol=1e-5, atol=1e-6,
     )
+    assert set(expected) == set(norms.NORMS)  # every dispatchable kind was checked above
+
+
+@pytest.mark.parametrize("kind", ["dyt", "none"])
+def test_a_keyword_the_norm_does_not_use_is_refused(kind):
+    x = _x(15)
+    with pytest.raises(ValueError, match=f"norm kind {kind!r} does not use eps; it takes: no keywords"):
+        norms.normalize(kind, x, norms.init_params(kind, D), eps=1e-5)
+    with pytest.raises(ValueError, match="init_params of norm kind 'rms' does not use dyt_alpha"):
+        norms.init_params("rms", D, dyt_alpha=0.3)
+    np.testing.assert_allclose(norms.init_params("dyt", D, dyt_alpha=0.3)["alpha"], 0.3)
 
 
 def test_init_params_shapes_and_values():

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from posenc import norms, placements, registry
+from posenc import norms, placements
 
 X = jnp.asarray([[1.0, -2.0, 0.5], [3.0, 0.0, -1.0]])
 
@@ -36,18 +36,38 @@ def N_OUT(x):
     ],
 )
 def test_placement_formulas(placement, kwargs, expected):
-    np.testing.assert_allclose(placements.residual(placement, X, F, N, **kwargs), expected(X), rtol=1e-6)
+    norm = None if placement == "rezero" else N
+    np.testing.assert_allclose(placements.residual(placement, X, F, norm, **kwargs), expected(X), rtol=1e-6)
+
+
+KWARGS = {"sandwich": {"norm_out": N_OUT}, "deepnorm": {"alpha": 2.5},
+          "rezero": {"gate": jnp.float32(0.25)}}
+
+
+def _residual(p, x, sublayer):
+    return placements.residual(p, x, sublayer, None if p == "rezero" else N, **KWARGS.get(p, {}))
 
 
 def test_formulas_are_distinct():
     # guards the table above: the simple F, N must tell the placements apart
-    outs = [
-        np.asarray(placements.residual(p, X, F, N, norm_out=N_OUT, alpha=2.5, gate=jnp.float32(0.25)))
-        for p in ("pre", "post", "sandwich", "reordered", "deepnorm", "rezero")
-    ]
+    outs = [np.asarray(_residual(p, X, F))
+            for p in ("pre", "post", "sandwich", "reordered", "deepnorm", "rezero")]
     for i in range(len(outs)):
         for j in range(i):
             assert not np.allclose(outs[i], outs[j])
+
+
+@pytest.mark.parametrize("placement, keyword", [
+    ("pre", {"alpha": 2.0}), ("post", {"norm_out": N_OUT}), ("sandwich", {"norm_out": N_OUT, "gate": 1.0}),
+    ("deepnorm", {"alpha": 2.0, "norm_out": N_OUT}), ("reordered", {"gate": jnp.float32(0.5)}),
+])
+def test_a_keyword_the_placement_does_not_use_is_refused(placement, keyword):
+    with pytest.raises(ValueError, match=f"placement {placement!r} does not use .*; it takes: "):
+        placements.residual(placement, X, F, N, **keyword)
+    with pytest.raises(ValueError, match="placement 'rezero' uses no norm"):
+        placements.residual("rezero", X, F, N, gate=jnp.float32(0.0))
+    with pytest.raises(ValueError, match="placement 'pre' does not use mixln_fraction"):
+        placements.layer_placement("pre", 0, 4, mixln_fraction=0.5)
 
 
 def test_rezero_at_init_is_identity_and_gate_gets_gradient():
@@ -57,10 +77,10 @@ def test_rezero_at_init_is_identity_and_gate_gets_gradient():
     assert float(g) == pytest.approx(float(jnp.sum(2.0 * X)))
 
 
-def test_deepnorm_default_alpha_is_post():
+def test_deepnorm_with_alpha_one_is_post():
     np.testing.assert_allclose(
-        placements.residual("deepnorm", X, F, N), placements.residual("post", X, F, N), rtol=1e-6
-    )
+        placements.residual("deepnorm", X, F, N, alpha=1.0), placements.residual("post", X, F, N),
+        rtol=1e-6)
 
 
 def test_with_real_layer_norm_under_jit():
@@ -77,8 +97,8 @@ def test_with_real_layer_norm_under_jit():
 def test_output_keeps_input_dtype():
     xb = X.astype(jnp.bfloat16)
     f32_sublayer = lambda x: (2.0 * x).astype(jnp.float32)  # noqa: E731
-    for p, kw in (("pre", {}), ("post", {}), ("rezero", {"gate": jnp.float32(0.5)})):
-        y = placements.residual(p, xb, f32_sublayer, N, **kw)
+    for p, norm, kw in (("pre", N, {}), ("post", N, {}), ("rezero", None, {"gate": jnp.float32(0.5)})):
+        y = placements.residual(p, xb, f32_sublayer, norm, **kw)
         assert y.dtype == jnp.bfloat16, p
 
 
@@ -107,13 +127,29 @@ def test_other_placements_pass_through():
             assert placements.layer_placement(p, 0, 4) == p
 
 
-def test_has_final_norm():
-    expected = {
-        "pre": True, "sandwich": True, "reordered": True, "mixln": True,
-        "post": False, "deepnorm": False, "rezero": False,
-    }
-    assert {p: placements.has_final_norm(p) for p in placements.PLACEMENTS} == expected
-    assert placements.PLACEMENTS == tuple(registry.PLACEMENTS)
+@pytest.mark.parametrize("placement", list(placements.PLACEMENTS))
+def test_the_head_sees_a_normalized_stream_unless_rezero(placement):
+    """Behaviour behind has_final_norm: with RMSNorm (gain 1 at init) the stream entering the
+    head has RMS 1 whether the last layer ends in a norm (post, deepnorm) or the decoder adds a
+    final norm (pre, sandwich, reordered, mixln); ReZero has neither. The stream is recovered
+    from the logits through the tied embedding (vocab > d_model: a left inverse exists)."""
+    from flax import nnx
+
+    from posenc.model import Decoder, model_config
+
+    c = model_config()
+    c.update(vocab_size=32, d_model=16, num_layers=2, num_heads=2)
+    c.norm.placement = placement
+    model = Decoder(c, rngs=nnx.Rngs(0))
+    if placement == "rezero":  # gates start at 0 (identity layers): open them
+        for block in model.blocks:
+            block.gate[...] = jnp.float32(1.0)
+    x = 3.0 * jax.random.normal(jax.random.key(0), (1, 5, 16))
+    logits = np.asarray(model.forward_embeddings(x), np.float64)[0]
+    emb = np.asarray(model.embedding[...], np.float64)  # [V, D]; logits = h @ emb.T
+    h = logits @ np.linalg.pinv(emb.T)
+    rms = np.sqrt(np.mean(np.square(h), -1))
+    assert np.allclose(rms, 1.0, atol=1e-3) == (placement != "rezero"), (placement, rms)
 
 
 def test_deepnorm_init_gain():
@@ -140,9 +176,11 @@ def test_missing_arguments():
     with pytest.raises(ValueError, match="norm_out"):
         placements.residual("sandwich", X, F, N)
     with pytest.raises(ValueError, match="gate"):
-        placements.residual("rezero", X, F, N)
+        placements.residual("rezero", X, F)
+    with pytest.raises(ValueError, match="alpha"):
+        placements.residual("deepnorm", X, F, N)
     with pytest.raises(ValueError, match="scalar"):
-        placements.residual("rezero", X, F, N, gate=jnp.zeros(3))
+        placements.residual("rezero", X, F, gate=jnp.zeros(3))
     with pytest.raises(ValueError, match="needs a norm"):
         placements.residual("pre", X, F, None)
     with pytest.raises(ValueError, match="layer_placement"):
