@@ -15,3 +15,5 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("posenc")
+
+import plugin_encodings  # noqa: E402,F401  (registers the test plugin encoding)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from posenc.model import REGISTRY, encodings
+import helpers
 from posenc.model.attention import attention, dense_attention
 from posenc.model.config import model_config
 
@@ -19,9 +19,10 @@ B, L, H, K, DH, BLOCK = 2, 13, 4, 2, 8, 4  # L not a multiple of BLOCK; GQA 4 he
 
 
 def _encoding(kind):
-    pos = model_config().position
-    pos.kind, pos.original_length = kind, 8
-    return encodings.build(kind, pos, d_model=32, num_heads=H, head_dim=DH, rngs=nnx.Rngs(0))
+    """The first layer's unit of a small model of ``kind``, parameters perturbed so that
+    zero-initialised ones (CoPE's embeddings) contribute."""
+    model = helpers.decoder(kind, num_heads=H, num_kv_heads=K, train_length=32, perturb=0.05)
+    return model.blocks[0].attn.encoding
 
 
 def _inputs(seed=0):
@@ -44,8 +45,7 @@ def _run(enc, *, causal=True, softcap=0.0, return_stats=False):
     def f(impl, params, q, k, v):
         e = nnx.merge(g, params, rest)
         impl, causal_block = ("dense", BLOCK) if impl == "split" else (impl, 0)
-        qq = e.query(q, positions, seq_len=L)
-        kk = e.key(k, positions, seq_len=L)
+        qq, kk = e.qk(q, k, positions, positions, seq_len=L)
         res = attention(qq, kk, v, positions, positions, e, scale=1 / math.sqrt(DH),
                         causal=causal, softcap=softcap, impl=impl, block=BLOCK,
                         causal_block=causal_block, return_stats=return_stats)
@@ -73,7 +73,7 @@ def _close(a, b, rtol=2e-5, atol=2e-5):
 
 
 # Embedding kinds (sinusoidal, learned) do nothing inside attention: they are NoPE here.
-ATTENTION_KINDS = sorted(k for k in REGISTRY if not encodings.is_embed_kind(k))
+ATTENTION_KINDS = helpers.attention_kinds()
 
 
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)

@@ -6,18 +6,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from posenc.model import REGISTRY, Decoder
-from posenc.model.config import model_config
+import helpers
+from posenc.model import ENCODINGS
 
 L, D = 8, 32
+REGISTRY = ENCODINGS
 
 
-def small_config(kind, **model):
-    c = model_config()
-    c.vocab_size, c.d_model, c.num_layers, c.num_heads, c.num_kv_heads = 16, D, 2, 4, 2
-    c.position.kind, c.position.original_length, c.position.nope_every = kind, 4, 2
-    c.update(model)
-    return c
+def small_model(kind, **model):
+    # perturbed parameters: zero-initialised ones (CoPE's embeddings) take part as well
+    return helpers.decoder(kind, num_kv_heads=2, train_length=2 * L, perturb=0.05, **model)
 
 
 def _x(seed=0, length=L):
@@ -27,8 +25,7 @@ def _x(seed=0, length=L):
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
 def test_output_at_i_does_not_depend_on_inputs_after_i(kind):
     # The blocked path with a block (3) that does not divide L; blocked == dense elsewhere.
-    cfg = small_config(kind, attention_impl="blocked", attention_block=3)
-    g, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    g, state = nnx.split(small_model(kind, attention_impl="blocked", attention_block=3))
     positions = 2 + jnp.arange(L)
 
     @jax.jit
@@ -46,7 +43,7 @@ def test_output_at_i_does_not_depend_on_inputs_after_i(kind):
 
 
 def _permutation_gap(kind, *, causal):
-    model = Decoder(small_config(kind, num_layers=1), rngs=nnx.Rngs(0))
+    model = small_model(kind, num_layers=1)
     x = _x(1, length=6)
     perm = jnp.array([3, 0, 5, 1, 4, 2])
     out = model.forward_embeddings(x, causal=causal)

@@ -1,8 +1,10 @@
-"""Decoder: registry coverage, a training step per encoding, config errors, dtypes, traces."""
+"""Decoder: every registry entry trains, config errors, shared parameters, dtypes, traces."""
 
+import itertools
 import math
 
 import chex
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,27 +12,23 @@ import optax
 import pytest
 from flax import nnx
 
-from posenc import norms, registry
-from posenc.model import REGISTRY, Decoder, validate_config
-from posenc.model.config import model_config
+from posenc import norms
+from posenc.model import ENCODINGS, Decoder, ModelSpec, validate_config
 
 B, L, V = 2, 12, 16
 
 
-def small_config(kind="rope", **model):
-    c = model_config()
-    c.vocab_size, c.d_model, c.num_layers, c.num_heads = V, 32, 2, 4
-    c.position.kind, c.position.original_length, c.position.nope_every = kind, 8, 2
-    c.update(model)
-    return c
+def small_config(kind="rope", position=None, **model):
+    return helpers.model_cfg(kind, position=position, **model)
+
+
+def build(kind="rope", position=None, **model):
+    return Decoder(ModelSpec.from_config(small_config(kind, position, **model), train_length=16),
+                   rngs=nnx.Rngs(0))
 
 
 def _tokens(seed=0):
     return jax.random.randint(jax.random.key(seed), (B, L), 0, V)
-
-
-def test_registry_covers_every_position_kind():
-    assert set(REGISTRY) == set(registry.POSITION_KINDS)
 
 
 # Each encoding trains with a different model variant, so every variant runs once too.
@@ -50,13 +48,19 @@ VARIANTS = [
     dict(norm=dict(placement="rezero", kind="none")),
     dict(attention_impl="blocked", attention_block=5),
 ]
-CASES = list(zip(sorted(REGISTRY), VARIANTS))
+# Every registry entry (built-ins and the test plugin), each with a model variant in turn,
+# so every variant runs too; the cycle never drops an entry.
+CASES = list(zip(sorted(ENCODINGS), itertools.cycle(VARIANTS)))
+
+
+def test_cases_cover_every_registry_entry_and_variant():
+    assert [k for k, _ in CASES] == sorted(ENCODINGS) and len(CASES) >= len(VARIANTS)
+    assert "test_scaled_alibi" in ENCODINGS  # the test plugin is in the registry
 
 
 @pytest.mark.parametrize("kind,variant", CASES)
 def test_one_training_step_lowers_the_loss(kind, variant):
-    cfg = small_config(kind, **variant)
-    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    model = build(kind, **variant)
     g, params, rest = nnx.split(model, nnx.Param, ...)
     tx = optax.adam(1e-2)
     opt = tx.init(params)
@@ -86,7 +90,7 @@ def test_one_training_step_lowers_the_loss(kind, variant):
 
 
 def test_logits_shape_dtype_and_default_positions():
-    model = Decoder(small_config("rope"), rngs=nnx.Rngs(0))
+    model = build("rope")
     tokens = _tokens()
     logits = model(tokens)
     assert logits.shape == (B, L, V) and logits.dtype == jnp.float32
@@ -102,7 +106,7 @@ def test_logits_shape_dtype_and_default_positions():
 def test_positions_shared_by_the_batch_match_per_example_positions(kind, impl):
     # Default positions stay [1, L] inside the model (biases built once per layer);
     # logits, stats and parameter gradients must equal those of explicit [B, L].
-    model = Decoder(small_config(kind, attention_impl=impl, attention_block=8), rngs=nnx.Rngs(0))
+    model = build(kind, attention_impl=impl, attention_block=8)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tokens = _tokens()
 
@@ -137,13 +141,12 @@ def test_linear_matches_matmul_values_and_gradients(dtype):
 
 
 def test_final_softcap_bounds_the_logits():
-    model = Decoder(small_config("nope", norm=dict(final_softcap=0.5)), rngs=nnx.Rngs(0))
+    model = build("nope", norm=dict(final_softcap=0.5))
     assert float(jnp.abs(model(_tokens())).max()) <= 0.5
 
 
 def test_deepnorm_initialises_value_output_and_mlp_with_gain_beta():
-    cfg = small_config("nope", d_model=64, num_layers=6, norm=dict(placement="deepnorm"))
-    block = Decoder(cfg, rngs=nnx.Rngs(0)).blocks[0]
+    block = build("nope", d_model=64, num_layers=6, norm=dict(placement="deepnorm")).blocks[0]
     _, beta = norms.deepnorm_constants(6)
     assert block.alpha == pytest.approx((2 * 6) ** 0.25)
     # xavier normal: std = gain * sqrt(2 / (fan_in + fan_out)); fan_in = fan_out = 64 for v/out.
@@ -153,8 +156,8 @@ def test_deepnorm_initialises_value_output_and_mlp_with_gain_beta():
 
 
 def test_bfloat16_compute_stays_close_to_float32():
-    f32 = Decoder(small_config("rope"), rngs=nnx.Rngs(0))
-    bf16 = Decoder(small_config("rope", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    f32 = build("rope")
+    bf16 = build("rope", dtype="bfloat16")
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(bf16, nnx.Param)))
     a, b = f32(_tokens()), bf16(_tokens())
     assert b.dtype == jnp.float32
@@ -163,7 +166,7 @@ def test_bfloat16_compute_stays_close_to_float32():
 
 
 def test_jitted_forward_traces_once_per_shape():
-    model = Decoder(small_config("alibi"), rngs=nnx.Rngs(0))
+    model = build("alibi")
     g, state = nnx.split(model)
 
     @jax.jit
@@ -177,10 +180,11 @@ def test_jitted_forward_traces_once_per_shape():
 
 
 def test_learned_table_shorter_than_the_sequence_raises_before_tracing():
-    model = Decoder(small_config("learned", position=dict(max_length=8)), rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="sequence length 12 exceeds the learned position table"):
+    model = build("learned", position=dict(max_length=8))
+    with pytest.raises(ValueError, match="sequence length 12 exceeds what the position encoding can "
+                                         "represent \\(8 positions"):
         model(_tokens())
-    with pytest.raises(ValueError, match="length 16 exceeds the learned position table"):
+    with pytest.raises(ValueError, match="length 16 exceeds what learned can represent \\(8 positions"):
         validate_config(small_config("learned", position=dict(max_length=8)), max_length=16)
 
 
@@ -189,33 +193,80 @@ BAD = [
     (dict(norm=dict(kind="batch")), "unknown norm kind 'batch'"),
     (dict(norm=dict(placement="middle")), "unknown norm placement 'middle'"),
     (dict(norm=dict(qk_norm="cosine")), "unknown qk_norm 'cosine'"),
-    (dict(mlp="relu"), "unknown mlp 'relu'; choose one of: gelu, swiglu"),
-    (dict(dtype="float16"), "unknown dtype 'float16'; choose one of: float32, bfloat16"),
-    (dict(attention_impl="flash"), "unknown attention_impl 'flash'"),
-    (dict(attention_causal_block=-8), r"attention_causal_block must be an integer >= 0 \(0 = off\); got -8"),
-    (dict(d_model=30), "d_model 30 is not divisible by num_heads 4"),
-    (dict(num_kv_heads=3), "num_heads 4 is not divisible by num_kv_heads 3"),
-    (dict(head_dim=6, position=dict(rotary_fraction=0.5)), "rotary dim .* = 3 must be even"),
-    (dict(position=dict(scaling="yarn", original_length=0)),
-     "scaling 'yarn' needs model.position.original_length"),
-    (dict(position=dict(scaling="ntk_by_parts")), "unknown position.scaling 'ntk_by_parts'"),
-    (dict(position=dict(layer_kinds=("rope",))), "layer_kinds has 1 entries .* \\(num_layers=2\\)"),
+    (dict(mlp="relu"), "unknown model.mlp 'relu'; choose one of: gelu, swiglu"),
+    (dict(dtype="float16"), "unknown model.dtype 'float16'; choose one of: bfloat16, float32"),
+    (dict(attention_impl="flash"), "unknown model.attention_impl 'flash'"),
+    (dict(attention_causal_block=-8), r"model.attention_causal_block must be an integer >= 0; got -8"),
+    (dict(d_model=30), "model.d_model 30 is not divisible by model.num_heads 4"),
+    (dict(num_kv_heads=3), "model.num_heads 4 is not divisible by model.num_kv_heads 3"),
+    (dict(head_dim=6, position=dict(rope=dict(rotary_fraction=0.5))),
+     r"model.position.rope.rotary_fraction: rotary dim .* = 3 must be even"),
+    (dict(position=dict(rope=dict(scaling="yarn", factor=2.0))),
+     "model.position.rope.scaling 'yarn' needs model.position.rope.original_length"),
+    (dict(position=dict(rope=dict(scaling="ntk_by_parts"))), "unknown model.position.rope.scaling 'ntk_by_parts'"),
+    (dict(position=dict(rope=dict(beta_fast=2.0))),
+     r"model.position.rope.beta_fast=2.0 is set, but rope does not use it"),
+    (dict(position=dict(t5=dict(num_buckets=8))), r"model.position.t5.num_buckets=8 is set, but no layer uses t5"),
+    (dict(position=dict(layer_kinds=("rope",))), "layer_kinds has 1 entries .* \\(model.num_layers=2\\)"),
     (dict(position=dict(layer_kinds=("rope", "learned"))), "'learned' is an input embedding"),
     (dict(position=dict(layer_kinds=("rope", "ropee"))), "unknown position kind 'ropee'"),
-    (dict(norm=dict(attn_softcap=-1.0)), "attn_softcap must be >= 0"),
-    (dict(dropout=1.0), "dropout must be in \\[0, 1\\)"),
+    (dict(norm=dict(attn_softcap=-1.0)), "model.norm.attn_softcap must be a finite number >= 0.0"),
+    (dict(norm=dict(dyt_alpha=0.3)), "model.norm.dyt_alpha=0.3 is set, but only kind 'dyt' uses it"),
+    (dict(dropout=1.0), "model.dropout must be a finite number >= 0.0 < 1.0; got 1.0"),
+    (dict(position=dict(learned=dict(max_length=0), kind="learned")), "model.position.learned.max_length must be >= 1"),
 ]
 
 
 @pytest.mark.parametrize("override,message", BAD)
 def test_bad_config_raises_at_construction(override, message):
+    c = helpers.model_cfg("rope")
+    pos = dict(override.pop("position", {}) if "position" in override else {})
+    override = dict(override)
+    for key, value in pos.items():
+        if isinstance(value, dict):
+            c.position[key].update(value)
+        else:
+            c.position[key] = value
+    if "norm" in override:
+        c.norm.update(override.pop("norm"))
+    c.update(override)
     with pytest.raises(ValueError, match=message):
-        Decoder(small_config("rope", **override), rngs=nnx.Rngs(0))
+        Decoder(c, rngs=nnx.Rngs(0))
 
 
 def test_layer_kinds_give_each_layer_its_encoding():
-    cfg = small_config("rope", position=dict(layer_kinds=("alibi", "nope")))
-    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    c = small_config("rope")
+    c.position.layer_kinds = ("alibi", "nope")
+    model = Decoder(c, rngs=nnx.Rngs(0))
     assert [type(b.attn.encoding).__name__ for b in model.blocks] == ["ALiBi", "NoPE"]
-    irope = Decoder(small_config("irope"), rngs=nnx.Rngs(0))
+    irope = build("irope")
     assert [b.attn.encoding.nope for b in irope.blocks] == [False, True]  # nope_every=2
+
+
+def _param_count(model):
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_t5_table_is_shared_by_every_layer_by_default():
+    shared = build("t5", num_layers=3)
+    per_layer = build("t5", num_layers=3, position=dict(shared=False))
+    tables = [b.attn.encoding.table for b in shared.blocks]
+    assert all(t is tables[0] for t in tables)  # one nnx.Param, owned by layer 0
+    assert _param_count(per_layer) - _param_count(shared) == 2 * 32 * 4
+    # one table gets the gradient of every layer: it equals the sum of the per-layer gradients
+    g, params, rest = nnx.split(shared, nnx.Param, ...)
+    tokens = _tokens()
+
+    def loss(p):
+        return jnp.sum(jnp.sin(nnx.merge(g, p, rest)(tokens)))
+
+    grads = jax.grad(loss)(params)
+    flat = [x for path, x in jax.tree.leaves_with_path(grads) if "table" in jax.tree_util.keystr(path)]
+    assert len(flat) == 1 and float(jnp.abs(flat[0]).sum()) > 0
+
+
+def test_rezero_has_one_gate_per_layer_shared_by_attention_and_mlp():
+    model = build("nope", norm=dict(placement="rezero", kind="none"))
+    names = {jax.tree_util.keystr(p) for p, _ in jax.tree.leaves_with_path(nnx.state(model, nnx.Param))}
+    assert sum("gate" in n for n in names) == 2  # two layers, one gate each
+    assert not any("norm" in n for n in names)  # no norm parameters: ReZero has no norm

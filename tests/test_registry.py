@@ -1,24 +1,24 @@
+"""Registries: names are read off the units and tables that implement them; errors list them;
+the README and API tables agree with the registry."""
+
+import importlib
+import os
 import re
 
 import pytest
 
-from posenc import registry
+from posenc import norms, placements, registry, stability
+from posenc.model import ENCODINGS, Encoding, register_encoding
+from posenc.model import encoding as encoding_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECKS = [
-    (registry.check_position_kind, registry.POSITION_KINDS, "position kind"),
-    (registry.check_norm_kind, registry.NORM_KINDS, "norm kind"),
-    (registry.check_placement, registry.PLACEMENTS, "norm placement"),
-    (registry.check_qk_norm, registry.QK_NORMS, "qk_norm"),
+    (registry.check_norm_kind, norms.NORMS, "norm kind"),
+    (registry.check_placement, placements.PLACEMENTS, "norm placement"),
+    (registry.check_qk_norm, stability.QK_NORMS, "qk_norm"),
+    (encoding_lib.get, ENCODINGS, "position kind"),
 ]
-
-ATTACH_POINTS = {"embed", "qk", "logits", "values"}
-
-
-@pytest.mark.parametrize("check, table, label", CHECKS)
-def test_every_name_is_accepted(check, table, label):
-    assert table, label
-    for name in table:
-        assert check(name) == name
 
 
 @pytest.mark.parametrize("check, table, label", CHECKS)
@@ -32,49 +32,80 @@ def test_errors_list_every_choice(check, table, label, bad):
     assert listed == sorted(table)
 
 
-def test_position_kinds_have_attach_points_and_descriptions():
-    for name, (points, description) in registry.POSITION_KINDS.items():
-        assert isinstance(points, tuple) and set(points) <= ATTACH_POINTS, name
-        assert registry.attach_points(name) == points
-        assert isinstance(description, str) and description, name
-    assert registry.attach_points("nope") == ()
-    assert registry.attach_points("shaw") == ("logits", "values")
-    with pytest.raises(ValueError, match=re.escape("unknown position kind 'rop'; choose one of: alibi,")):
-        registry.attach_points("rop")
+BUILTINS = sorted(n for n, c in ENCODINGS.items() if c.__module__.startswith("posenc.model.encodings."))
 
 
-def test_every_non_rope_position_kind_has_a_pure_module():
-    # Each registered non-RoPE kind maps to the pure functions that implement it.
-    import posenc.absolute
-    import posenc.alibi
-    import posenc.cope
-    import posenc.fire
-    import posenc.irope
-    import posenc.kerple
-    import posenc.shaw
-    import posenc.t5
-    import posenc.transformer_xl
-
-    implemented = {
-        "sinusoidal": posenc.absolute.sinusoidal,
-        "learned": posenc.absolute.learned,
-        "alibi": posenc.alibi.bias,
-        "t5": posenc.t5.bias,
-        "shaw": posenc.shaw.logits,
-        "transformer_xl": posenc.transformer_xl.logits,
-        "kerple_log": posenc.kerple.bias,
-        "kerple_power": posenc.kerple.bias,
-        "fire": posenc.fire.bias,
-        "cope": posenc.cope.logits,
-        "irope": posenc.irope.layer_kinds,
-    }
-    # The RoPE family (rope, xpos) lives in posenc.rope / posenc.xpos; nope needs no function.
-    assert set(implemented) == set(registry.POSITION_KINDS) - {"nope", "rope", "xpos"}
-    assert all(callable(f) for f in implemented.values())
-    assert {k.split("_")[1] for k in registry.POSITION_KINDS if k.startswith("kerple_")} == set(posenc.kerple.KINDS)
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_builtin_unit_is_self_describing(name):
+    cls = ENCODINGS[name]
+    assert cls.name == name and cls.__doc__ and cls.paper, name
+    if name != "nope":  # NoPE needs no function
+        module = importlib.import_module(cls.pure)
+        assert module.__name__.count(".") == 1, f"{cls.pure} is not a top-level pure module"
 
 
-def test_descriptions_are_strings():
-    for table in (registry.NORM_KINDS, registry.PLACEMENTS, registry.QK_NORMS):
-        for name, description in table.items():
-            assert isinstance(name, str) and isinstance(description, str) and description
+def test_attach_points_are_read_off_the_protocol_methods():
+    class Bias(Encoding):
+        def bias(self, q_positions, k_positions):
+            return None
+
+    class Both(Bias):
+        def values(self, weights, q_positions, k_positions):
+            return None
+
+    assert Encoding.attach_points() == ()
+    assert Bias.attach_points() == ("logits",)
+    assert Both.attach_points() == ("logits", "values")
+    assert ENCODINGS["sinusoidal"].acts_at_input() and not ENCODINGS["rope"].acts_at_input()
+    assert ENCODINGS["rope"].attach_points() == ("queries, keys",)
+    assert ENCODINGS["shaw"].attach_points() == ("logits", "values")
+
+
+def test_register_refuses_bad_and_duplicate_names():
+    with pytest.raises(ValueError, match="lower_snake_case"):
+        register_encoding("Half-ALiBi")
+    with pytest.raises(ValueError, match="'alibi' is already registered by posenc.model.encodings.alibi.ALiBi"):
+        @register_encoding("alibi")
+        class Other(Encoding):
+            pass
+    with pytest.raises(TypeError, match="decorates Encoding subclasses"):
+        register_encoding("not_a_unit")(dict)
+    assert ENCODINGS["alibi"].__module__ == "posenc.model.encodings.alibi"
+
+
+def _readme_kinds() -> set[str]:
+    """The config names in the README table whose header names `model.position.kind`."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| config name (`model.position.kind`)"))
+    names = set()
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        first = line.split("|")[1].strip()
+        if first.startswith("`"):  # rows such as "(scaling of `rope`)" describe options, not kinds
+            names |= set(re.findall(r"`([a-z0-9_]+)`", first))
+    return names
+
+
+def test_readme_encoding_table_equals_the_registry():
+    assert _readme_kinds() == set(BUILTINS)  # built-ins only: plugins are not in the README
+
+
+def test_api_docs_name_every_pure_module_of_a_unit():
+    api = open(os.path.join(ROOT, "docs", "api.md")).read()
+    for name, cls in ENCODINGS.items():
+        if cls.pure and cls.__module__.startswith("posenc.model.encodings."):
+            assert f"# {cls.pure.replace('.', '/')}.py" in api, (name, cls.pure)
+
+
+def test_every_listed_norm_and_qk_norm_runs():
+    import jax.numpy as jnp
+
+    x = jnp.ones((2, 4))
+    for kind in registry.NORM_KINDS:
+        assert norms.normalize(kind, x, norms.init_params(kind, 4)).shape == x.shape
+    q = jnp.ones((1, 3, 2, 4))
+    for kind in registry.QK_NORMS:
+        qn, kn = stability.qk_norm(kind, q, q, stability.qk_norm_init(kind, 2, 2, 4))
+        assert qn.shape == q.shape and kn.shape == q.shape

@@ -1,58 +1,38 @@
-"""The model section of every config: one place that lists every field.
+"""The model section of every config, built from the registered units.
 
-Configs in ``configs/`` start from :func:`model_config` and override fields;
-``--config.model.<field>=...`` overrides them on the command line.
+``model_config()`` gives ``config.model`` with small CPU-friendly defaults:
+model-wide fields, ``model.norm`` and ``model.position``, where every
+registered encoding with options has its own section
+``model.position.<name>`` (e.g. ``model.position.t5.num_buckets``), taken
+from the unit's ``Option`` declarations. Configs in ``configs/`` start from it
+and override fields; ``--config.model.<field>=...`` overrides them on the
+command line. :class:`posenc.model.spec.ModelSpec` validates it.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from posenc.model import encoding, options
+
+RANDOMIZED_PER = ("batch", "example")
+
 
 def position_config() -> ml_collections.ConfigDict:
-    """Fields of ``config.model.position``; each encoding reads its own."""
-    return ml_collections.ConfigDict(
-        dict(
-            kind="rope",  # posenc.registry.POSITION_KINDS
-            # explicit per-layer kinds (overrides kind / irope schedule); () = same kind everywhere
-            layer_kinds=(),
-            # absolute: learned table rows (evaluation past it is an error)
-            max_length=2048,
-            sinusoidal_layout="interleaved",  # interleaved | concat
-            # randomized positions (Ruoss et al. 2023), used in training only
-            randomized=False,
-            randomized_max_position=2048,
-            # RoPE family
-            rope_base=10000.0,
-            rotary_fraction=1.0,
-            rope_layout="half",  # half | interleaved
-            scaling="default",  # posenc.rope.KINDS
-            scaling_factor=1.0,
-            original_length=0,  # 0: the task's training length
-            beta_fast=32.0,
-            beta_slow=1.0,
-            yarn_truncate=True,
-            low_freq_factor=1.0,
-            high_freq_factor=4.0,
-            # iRoPE
-            nope_every=4,
-            nope_floor_scale=8192.0,
-            nope_attn_scale=0.1,
-            # xPos
-            xpos_scale_base=512.0,
-            # T5
-            t5_num_buckets=32,
-            t5_max_distance=128,
-            # Shaw
-            shaw_max_distance=16,
-            # FIRE
-            fire_hidden=32,
-            fire_c=0.1,
-            fire_threshold=512.0,
-            # CoPE
-            cope_npos=64,
-        )
+    """Fields of ``config.model.position``: the kind, per-layer kinds, randomized positions, sections."""
+    fields = dict(
+        kind="rope",  # any name of posenc.model.ENCODINGS
+        # explicit per-layer kinds (overrides kind in the layers); () = kind everywhere
+        layer_kinds=(),
+        # randomized positions (Ruoss et al. 2023): at training and at evaluation, as the reference
+        randomized=False,
+        randomized_max_position=2048,
+        randomized_per="batch",  # batch (the reference: one draw per batch) | example
     )
+    for name, cls in sorted(encoding.ENCODINGS.items()):
+        if options.options_of(cls):
+            fields[name] = options.section(cls)
+    return ml_collections.ConfigDict(fields)
 
 
 def norm_config() -> ml_collections.ConfigDict:
@@ -62,8 +42,8 @@ def norm_config() -> ml_collections.ConfigDict:
             kind="rms",  # posenc.registry.NORM_KINDS
             placement="pre",  # posenc.registry.PLACEMENTS
             eps=1e-6,
-            mixln_fraction=0.25,
-            dyt_alpha=0.5,
+            mixln_fraction=0.25,  # placement mixln only
+            dyt_alpha=0.5,  # kind dyt only
             qk_norm="none",  # posenc.registry.QK_NORMS
             attn_softcap=0.0,  # 0 = off
             final_softcap=0.0,  # 0 = off

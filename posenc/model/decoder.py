@@ -1,6 +1,7 @@
 """Decoder-only transformer composing the pure position and norm functions.
 
-``Decoder(config.model, rngs=nnx.Rngs(seed))``: token embedding (optional
+``Decoder(config.model, rngs=nnx.Rngs(seed))`` (a ConfigDict, validated by
+:class:`~posenc.model.spec.ModelSpec`, or a ModelSpec): token embedding (optional
 sqrt(D) scale), an input position embedding when the kind has one, N blocks
 of attention + MLP with any norm placement, a final norm when the placement
 has one, a tied or untied head, optional final-logit soft-capping. Params
@@ -18,10 +19,9 @@ from flax import nnx
 
 from posenc import norms, placements, stability
 from posenc.model import cache as cache_lib
-from posenc.model import encodings
+from posenc.model import encoding as encoding_lib
 from posenc.model.layers import Block, Norm
-from posenc.model.validate import head_dim as _head_dim
-from posenc.model.validate import layer_kinds, validate_config
+from posenc.model.spec import ModelSpec
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -30,41 +30,56 @@ class Decoder(nnx.Module):
     """Decoder-only transformer; see the module docstring and docs/api.md."""
 
     def __init__(self, config, *, rngs: nnx.Rngs):
-        validate_config(config)
-        self.dtype = _DTYPES[config.dtype]
-        self.d_model, self.vocab_size = config.d_model, config.vocab_size
-        self.num_layers = config.num_layers
-        self.num_kv_heads = config.num_kv_heads or config.num_heads
-        self.head_dim = _head_dim(config)
-        self.embed_scale = bool(config.norm.embed_scale)
-        self.final_softcap = float(config.norm.final_softcap)
-        pos = config.position
-        common = dict(d_model=config.d_model, num_heads=config.num_heads, head_dim=self.head_dim,
-                      num_layers=config.num_layers, rngs=rngs)
-        kind = pos.kind
-        self.input_encoding = (encodings.build(kind, pos, **common)
-                               if encodings.is_embed_kind(kind) else None)
+        spec = config if isinstance(config, ModelSpec) else ModelSpec.from_config(config)
+        self.dtype = _DTYPES[spec.dtype]
+        self.d_model, self.vocab_size = spec.d_model, spec.vocab_size
+        self.num_layers = spec.num_layers
+        self.num_kv_heads, self.head_dim = spec.num_kv_heads, spec.head_dim
+        self.embed_scale = spec.norm.embed_scale
+        self.final_softcap = spec.norm.final_softcap
+        pos = spec.position
+        first: dict[str, encoding_lib.Encoding] = {}
+
+        def build(kind, layer_index=0):
+            cls = encoding_lib.get(kind)
+            unit = cls(dict(pos.options[kind]), d_model=spec.d_model, num_heads=spec.num_heads,
+                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                       layer_index=layer_index, num_layers=spec.num_layers, rngs=rngs,
+                       first=first.get(kind))
+            first.setdefault(kind, unit)
+            return unit
+
+        input_cls = encoding_lib.get(pos.kind)
+        self.input_encoding = build(pos.kind) if input_cls.acts_at_input() else None
+        limits = [encoding_lib.get(k).longest_sequence(pos.options[k]) for k in pos.kinds]
+        self.max_sequence = min((n for n in limits if n is not None), default=None)
         self.embedding = nnx.Param(
-            0.02 * jax.random.normal(rngs.params(), (config.vocab_size, config.d_model)))
-        blocks = []
-        for i, k in enumerate(layer_kinds(config)):
-            enc = encodings.build(k, pos, layer_index=i, **common)
-            blocks.append(Block(config, enc, layer_index=i, head_dim=self.head_dim,
-                                dtype=self.dtype, rngs=rngs))
-        self.blocks = nnx.List(blocks)
-        n = config.norm
-        self.final_norm = (Norm(n.kind, config.d_model, eps=n.eps, dyt_alpha=float(n.dyt_alpha))
+            0.02 * jax.random.normal(rngs.params(), (spec.vocab_size, spec.d_model)))
+        self.blocks = nnx.List([Block(spec, build(k, i), layer_index=i, dtype=self.dtype, rngs=rngs)
+                                for i, k in enumerate(pos.layer_kinds)])
+        n = spec.norm
+        self.final_norm = (Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
                            if placements.has_final_norm(n.placement) else None)
-        self.head = (None if config.tie_embeddings else nnx.Param(
-            0.02 * jax.random.normal(rngs.params(), (config.d_model, config.vocab_size))))
-        self.dropout = nnx.Dropout(float(config.dropout), rngs=rngs)
+        self.head = (None if spec.tie_embeddings else nnx.Param(
+            0.02 * jax.random.normal(rngs.params(), (spec.d_model, spec.vocab_size))))
+        self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
+
+    def constrain(self) -> None:
+        """Project every encoding's parameters into their domain (after an optimizer update)."""
+        units = [b.attn.encoding for b in self.blocks]
+        if self.input_encoding is not None:
+            units.append(self.input_encoding)
+        for unit in units:
+            unit.constrain()
 
     # -- pieces -------------------------------------------------------------------------
     def check_length(self, length: int) -> None:
         """Python check on a static length (learned tables have no rows past their end)."""
-        for enc in [self.input_encoding] + [b.attn.encoding for b in self.blocks]:
-            if enc is not None:
-                enc.check_length(length)
+        if self.max_sequence is not None and length > self.max_sequence:
+            raise ValueError(
+                f"sequence length {length} exceeds what the position encoding can represent "
+                f"({self.max_sequence} positions: e.g. the rows of a learned table, "
+                "model.position.learned.max_length); raise that limit or choose another kind")
 
     def _positions(self, positions, batch, length, *, shared=False):
         """int32 [batch, length]; with ``shared``, [1, length] when no example differs.
@@ -117,12 +132,17 @@ class Decoder(nnx.Module):
         """
         B, L, _ = x.shape
         self.check_length(L)
+        # The current length, as HF computes it for length-dependent RoPE: the largest
+        # position + 1 (L for the default positions 0..L-1).
+        seq_len = L if positions is None else None
         positions = self._positions(positions, B, L, shared=True)
+        if seq_len is None:
+            seq_len = jnp.max(positions) + 1
         h = self._input(x.astype(self.dtype), positions, deterministic)
 
         def attend(attn, hin):
             q, k, v = attn.project(hin)
-            return attn.attend(q, k, v, positions, positions, seq_len=L, causal=causal,
+            return attn.attend(q, k, v, positions, positions, seq_len=seq_len, causal=causal,
                                return_stats=return_stats)
 
         layer_stats = []
@@ -168,6 +188,8 @@ class Decoder(nnx.Module):
             positions = cache_lib.next_positions(cache, T)
         positions = self._positions(positions, B, T)
         all_positions = cache_lib.write(cache["positions"], positions, length)
+        written = jnp.arange(S) < length + T
+        seq_len = jnp.max(jnp.where(written[None, :], all_positions, 0)) + 1  # as in forward_embeddings
         h = self._input(self.embed_tokens(tokens), positions, deterministic)
         new_k, new_v = [], []
 
@@ -179,7 +201,7 @@ class Decoder(nnx.Module):
                 new_k.append(ck)
                 new_v.append(cv)
                 y = attn.attend(q, ck.astype(q.dtype), cv.astype(v.dtype), positions, all_positions,
-                                seq_len=length + T, q_offset=length, kv_length=length + T)
+                                seq_len=seq_len, q_offset=length, kv_length=length + T)
                 return y, None
             return attend
 

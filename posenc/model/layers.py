@@ -55,11 +55,14 @@ linear.defvjp(_linear_fwd, _linear_bwd)
 
 
 class Norm(nnx.Module):
-    """Any ``posenc.registry.NORM_KINDS`` norm over the last axis, params from posenc.norms."""
+    """Any ``posenc.norms.NORMS`` norm over the last axis, params from posenc.norms."""
 
     def __init__(self, kind, dim, *, eps, dyt_alpha=0.5):
-        self.kind, self.eps = kind, float(eps)
-        params = norms.init_params(kind, dim, dyt_alpha=dyt_alpha)
+        norm = norms.NORMS[kind]
+        self.kind = kind
+        self.eps = float(eps) if "eps" in norm.keywords else None
+        init_kw = {"dyt_alpha": dyt_alpha} if "dyt_alpha" in norm.init_keywords else {}
+        params = norms.init_params(kind, dim, **init_kw)
         self.params = nnx.Dict({n: nnx.Param(v) for n, v in params.items()})
 
     def __call__(self, x):
@@ -97,14 +100,14 @@ class MLP(nnx.Module):
 class Attention(nnx.Module):
     """Multi-head / grouped-query attention with QK-norm and a position encoding."""
 
-    def __init__(self, cfg, encoding, *, head_dim, dtype, vo_gain, rngs):
-        D, H = cfg.d_model, cfg.num_heads
-        K = cfg.num_kv_heads or H
+    def __init__(self, spec, encoding, *, dtype, vo_gain, rngs):
+        D, H, K, head_dim = spec.d_model, spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = H, K, head_dim, dtype
-        self.softcap = float(cfg.norm.attn_softcap)
-        self.impl, self.block = cfg.attention_impl, int(cfg.attention_block)
-        self.causal_block = int(cfg.attention_causal_block)
-        self.qk_norm_kind, self.qk_eps = cfg.norm.qk_norm, float(cfg.norm.eps)
+        self.softcap = spec.norm.attn_softcap
+        self.impl, self.block = spec.attention_impl, spec.attention_block
+        self.causal_block = spec.attention_causal_block
+        self.qk_norm_kind = spec.norm.qk_norm
+        self.qk_eps = None if self.qk_norm_kind == "none" else spec.norm.eps
         self.encoding = encoding
 
         def proj(shape, fan_in, fan_out, gain):
@@ -145,8 +148,7 @@ class Attention(nnx.Module):
         Positions may have batch 1 (shared by every example); every encoding
         broadcasts them against the batch of q and k.
         """
-        q = self.encoding.query(q, q_positions, seq_len=seq_len)
-        k = self.encoding.key(k, k_positions, seq_len=seq_len)
+        q, k = self.encoding.qk(q, k, q_positions, k_positions, seq_len=seq_len)
         res = attn_lib.attention(
             q, k, v, q_positions, k_positions, self.encoding, scale=1.0 / math.sqrt(self.head_dim),
             causal=causal, q_offset=q_offset, kv_length=kv_length, softcap=self.softcap,
@@ -162,33 +164,38 @@ class Attention(nnx.Module):
 class Block(nnx.Module):
     """One decoder layer: attention then MLP, each wrapped by posenc.placements.residual."""
 
-    def __init__(self, cfg, encoding, *, layer_index, head_dim, dtype, rngs):
-        n = cfg.norm
-        self.placement = placements.layer_placement(
-            n.placement, layer_index, cfg.num_layers, mixln_fraction=float(n.mixln_fraction))
+    def __init__(self, spec, encoding, *, layer_index, dtype, rngs):
+        n = spec.norm
+        mix = {"mixln_fraction": n.mixln_fraction} if n.placement == "mixln" else {}
+        self.placement = placements.layer_placement(n.placement, layer_index, spec.num_layers, **mix)
         deep = self.placement == "deepnorm"
-        alpha, beta = norms.deepnorm_constants(cfg.num_layers) if deep else (1.0, None)
+        alpha, beta = norms.deepnorm_constants(spec.num_layers) if deep else (None, None)
         self.alpha = alpha
-        self.attn = Attention(cfg, encoding, head_dim=head_dim, dtype=dtype, vo_gain=beta, rngs=rngs)
-        hidden = int(cfg.d_model * cfg.mlp_ratio)
-        self.mlp = MLP(cfg.mlp, cfg.d_model, hidden, dtype=dtype, gain=beta, rngs=rngs)
+        self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs)
+        hidden = int(spec.d_model * spec.mlp_ratio)
+        self.mlp = MLP(spec.mlp, spec.d_model, hidden, dtype=dtype, gain=beta, rngs=rngs)
+        rezero = self.placement == "rezero"
 
         def norm():
-            return Norm(n.kind, cfg.d_model, eps=n.eps, dyt_alpha=float(n.dyt_alpha))
+            return None if rezero else Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
 
         self.norm1, self.norm2 = norm(), norm()
         sandwich = self.placement == "sandwich"
         self.norm1_out = norm() if sandwich else None
         self.norm2_out = norm() if sandwich else None
-        rezero = self.placement == "rezero"
-        self.gate1 = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
-        self.gate2 = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
-        self.dropout = nnx.Dropout(float(cfg.dropout), rngs=rngs)
+        # ReZero: one gate per layer, shared by its attention and MLP (the reference's resweight).
+        self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
+        self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
 
-    def _residual(self, x, sublayer, norm, norm_out, gate):
-        return placements.residual(
-            self.placement, x, sublayer, norm, norm_out=norm_out, alpha=self.alpha,
-            gate=None if gate is None else gate[...].astype(x.dtype))
+    def _residual(self, x, sublayer, norm, norm_out):
+        kw = {}
+        if self.placement == "sandwich":
+            kw["norm_out"] = norm_out
+        elif self.placement == "deepnorm":
+            kw["alpha"] = self.alpha
+        elif self.placement == "rezero":
+            kw["gate"] = self.gate[...].astype(x.dtype)
+        return placements.residual(self.placement, x, sublayer, norm, **kw)
 
     def __call__(self, x, attend, *, deterministic):
         """x [B, L, D]; ``attend(h) -> (y, stats)`` runs this layer's attention on h."""
@@ -199,7 +206,7 @@ class Block(nnx.Module):
             stats.update(s or {})
             return self.dropout(y, deterministic=deterministic)
 
-        x = self._residual(x, attn_sub, self.norm1, self.norm1_out, self.gate1)
+        x = self._residual(x, attn_sub, self.norm1, self.norm1_out)
         mlp_sub = lambda h: self.dropout(self.mlp(h), deterministic=deterministic)  # noqa: E731
-        x = self._residual(x, mlp_sub, self.norm2, self.norm2_out, self.gate2)
+        x = self._residual(x, mlp_sub, self.norm2, self.norm2_out)
         return x, stats

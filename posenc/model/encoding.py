@@ -1,0 +1,210 @@
+"""The encoding protocol, its registry, and ``register_encoding`` for built-ins and plugins.
+
+An encoding is one self-describing unit: a subclass of :class:`Encoding`
+that declares, in one place, its config name (``register_encoding``), its
+options (``Option`` class attributes: config fields, defaults, checks),
+extra validation (:meth:`Encoding.check`), its NNX parameters
+(:meth:`Encoding.setup`) and the protocol methods below. Where it touches
+attention is read off the methods it overrides, so it is never declared
+twice. The math lives in its pure module (``posenc/<name>.py``).
+
+Protocol (every method is a no-op here; attention calls them and never
+branches on the kind):
+
+- ``embed(positions, dim)``: a vector per position added to the token
+  embeddings (sinusoidal, learned); such encodings act at the input and
+  their layers attend without position terms;
+- ``qk(q, k, q_positions, k_positions, *, seq_len)``: rotate or scale queries
+  and keys (RoPE family, xPos); the default calls ``query`` and ``key``;
+- ``bias(q_positions, k_positions)``: a logit bias from positions only
+  (ALiBi, T5, KERPLE, FIRE);
+- ``content_logits(q, k, q_positions, k_positions, *, scale, q_offset)``: a
+  logit term from content and positions (Shaw, Transformer-XL, CoPE);
+  ``q_offset`` is the index of the first query among the keys; both terms
+  are added to ``scale * q.k`` before soft-capping;
+- ``values(weights, q_positions, k_positions)``: a term added to ``w @ v``
+  (Shaw), linear in ``weights`` so the online softmax may rescale it;
+- ``constrain()``: project parameters back into their domain after an
+  optimizer update (KERPLE keeps its parameters >= 0.01).
+
+Facts a unit declares as class attributes: ``full_rows`` (needs every key of
+a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
+the README table), ``pure`` (the pure module, for the API table).
+``seq_len`` (the current length, as HF defines it for length-dependent
+RoPE: the largest position + 1, over the cached keys too in decoding; the
+static L for the default positions 0..L-1, else a traced scalar) is passed
+to every ``qk``; options with ``train_length=True`` (0 = the task's
+training length) carry the original length.
+
+Positions arrive as int32 ``[B, L]`` or ``[1, L]`` (shared by the batch);
+every method must broadcast them against the batch of q and k.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from flax import nnx
+
+from posenc.model import options as options_lib
+
+ENCODINGS: dict[str, type["Encoding"]] = {}
+
+# Protocol methods and the attach point each stands for (tables, attention's fast path).
+ATTACH_POINTS = {
+    "embed": "embeddings",
+    "query": "queries, keys",
+    "key": "queries, keys",
+    "qk": "queries, keys",
+    "bias": "logits",
+    "content_logits": "logits",
+    "values": "values",
+}
+
+
+class Encoding(nnx.Module):
+    """NoPE behaviour and the protocol every encoding follows (see the module docstring).
+
+    Construction: ``cls(options, d_model=, num_heads=, num_kv_heads=,
+    head_dim=, layer_index=, num_layers=, rngs=, first=)`` with ``options`` the
+    validated dict of :func:`posenc.model.options.read`; every option becomes
+    an attribute, then :meth:`setup` creates the parameters. ``first`` is the
+    model's first unit of the same kind (None for that one), for parameters
+    shared across layers (T5's table).
+    """
+
+    name: ClassVar[str] = ""  # the config name, set by register_encoding
+    paper: ClassVar[str] = ""  # e.g. "Press et al. 2021"
+    pure: ClassVar[str] = ""  # e.g. "posenc.alibi"
+    full_rows: ClassVar[bool] = False  # needs every key of a query row at once
+
+    def __init__(self, options: dict, *, d_model: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, layer_index: int = 0, num_layers: int = 1, rngs: nnx.Rngs,
+                 first: "Encoding | None" = None):
+        for key, value in options.items():
+            setattr(self, key, value)
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim, self.layer_index, self.num_layers = head_dim, layer_index, num_layers
+        self.setup(rngs, first)
+
+    # -- declaration ------------------------------------------------------------------
+    def setup(self, rngs: nnx.Rngs, first: "Encoding | None") -> None:
+        """Create the unit's ``nnx.Param``s (called at the end of ``__init__``).
+
+        ``first``: the model's first unit of this kind, or None if this is it.
+        """
+
+    @classmethod
+    def check(cls, options: dict, *, prefix: str, head_dim: int, num_heads: int,
+              num_layers: int) -> None:
+        """Cross-field validation of the options (ValueError naming ``prefix.<field>``).
+
+        Single fields are checked by their ``Option``; this sees all of them and
+        the model's shapes. Runs once, when the config is validated.
+        """
+
+    @classmethod
+    def unused_options(cls, options: dict) -> tuple[str, ...]:
+        """Options the given configuration does not use (set one: an error)."""
+        return ()
+
+    @classmethod
+    def attach_points(cls) -> tuple[str, ...]:
+        """Where the unit touches attention, read off the protocol methods it overrides."""
+        points = []
+        for method, point in ATTACH_POINTS.items():
+            if overrides(cls, method) and point not in points:
+                points.append(point)
+        return tuple(points)
+
+    @classmethod
+    def acts_at_input(cls) -> bool:
+        """Adds a vector per position to the token embeddings (its layers are NoPE)."""
+        return overrides(cls, "embed")
+
+    @property
+    def has_content_logits(self) -> bool:
+        return overrides(type(self), "content_logits")
+
+    @property
+    def has_values(self) -> bool:
+        return overrides(type(self), "values")
+
+    @classmethod
+    def longest_sequence(cls, options: dict) -> int | None:
+        """The longest sequence the unit can encode with these options (None: no limit)."""
+        return None
+
+    # -- protocol ---------------------------------------------------------------------
+
+    def embed(self, positions, dim):
+        return None
+
+    def query(self, q, positions, *, seq_len):
+        return q
+
+    def key(self, k, positions, *, seq_len):
+        return k
+
+    def qk(self, q, k, q_positions, k_positions, *, seq_len):
+        return (self.query(q, q_positions, seq_len=seq_len),
+                self.key(k, k_positions, seq_len=seq_len))
+
+    def bias(self, q_positions, k_positions):
+        return None
+
+    def content_logits(self, q, k, q_positions, k_positions, *, scale, q_offset):
+        return None
+
+    def values(self, weights, q_positions, k_positions):
+        return None
+
+    def constrain(self) -> None:
+        """Project parameters into their domain (after each optimizer update)."""
+
+
+def overrides(cls, method: str) -> bool:
+    """Whether ``cls`` defines ``method`` differently from :class:`Encoding`."""
+    return getattr(cls, method) is not getattr(Encoding, method)
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def register_encoding(name: str):
+    """Class decorator: make ``cls`` the encoding called ``name`` in configs.
+
+    ``name`` must be lower_snake_case and new (a plugin cannot replace a
+    built-in). Its options become ``model.position.<name>.<option>`` in
+    configs built afterwards.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"encoding name must be lower_snake_case (a-z, 0-9, _); got {name!r}")
+
+    def decorate(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Encoding)):
+            raise TypeError(f"register_encoding({name!r}) decorates Encoding subclasses; got {cls!r}")
+        old = ENCODINGS.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"encoding {name!r} is already registered by "
+                             f"{old.__module__}.{old.__qualname__}")
+        if "name" in vars(cls) and cls.name != name:  # one class, two names: subclass it
+            raise ValueError(f"{cls.__qualname__} is already registered as {cls.name!r}")
+        cls.name = name
+        ENCODINGS[name] = cls
+        return cls
+
+    return decorate
+
+
+def get(name) -> type[Encoding]:
+    """The encoding class called ``name``; ValueError listing every registered name."""
+    if not isinstance(name, str) or name not in ENCODINGS:
+        raise ValueError(f"unknown position kind {name!r}; choose one of: {', '.join(sorted(ENCODINGS))}")
+    return ENCODINGS[name]
+
+
+def read_options(name: str, values, *, prefix: str | None = None) -> dict:
+    """Validated options of encoding ``name`` from its config section (or None: defaults)."""
+    return options_lib.read(get(name), values, prefix=prefix or f"model.position.{name}")

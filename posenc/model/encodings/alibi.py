@@ -1,0 +1,15 @@
+"""ALiBi: a linear distance bias, no parameters."""
+
+from posenc import alibi
+from posenc.model.encoding import Encoding, register_encoding
+
+
+@register_encoding("alibi")
+class ALiBi(Encoding):
+    """Linear distance bias -slope_h (i - j), geometric slopes per head."""
+
+    paper = "Press et al. 2021"
+    pure = "posenc.alibi"
+
+    def bias(self, q_positions, k_positions):
+        return alibi.bias(q_positions, k_positions, alibi.slopes(self.num_heads))

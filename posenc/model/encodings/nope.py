@@ -1,0 +1,10 @@
+"""NoPE: no positional encoding; the causal mask alone carries order."""
+
+from posenc.model.encoding import Encoding, register_encoding
+
+
+@register_encoding("nope")
+class NoPE(Encoding):
+    """No positional encoding (causal mask only)."""
+
+    paper = "Kazemnejad et al. 2023"

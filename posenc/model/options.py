@@ -1,0 +1,169 @@
+"""Options of a model unit: declared once on its class, they become its config fields and checks.
+
+A unit (an encoding) declares each hyper-parameter as a class attribute::
+
+    class T5(Encoding):
+        num_buckets = Option(32, positive_int, "number of relative-position buckets")
+
+Then ``model.position.t5.num_buckets`` exists in every config with default
+32, a bad value fails validation with the field's full name, and the unit
+instance reads ``self.num_buckets``. Options are inherited (xPos and iRoPE
+take every RoPE option).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ml_collections
+from ml_collections import config_dict
+
+from posenc import checks
+
+Check = Callable[[str, Any], Any]  # (full field name, value) -> clean value, or ValueError
+
+
+def positive_int(name, value) -> int:
+    return checks.integer(name, value, minimum=1)
+
+
+def nonnegative_int(name, value) -> int:
+    return checks.integer(name, value, minimum=0)
+
+
+def positive(name, value) -> float:
+    return checks.number(name, value, positive=True)
+
+
+def nonnegative(name, value) -> float:
+    return checks.number(name, value, minimum=0.0)
+
+
+def boolean(name, value) -> bool:
+    return checks.boolean(name, value)
+
+
+def one_of(*allowed: str) -> Check:
+    """A check accepting exactly the strings ``allowed``."""
+
+    def check(name, value):
+        return checks.choice(name, value, allowed)
+
+    return check
+
+
+def optional(check: Check) -> Check:
+    """``check``, but None is accepted (and kept)."""
+
+    def wrapped(name, value):
+        return None if value is None else check(name, value)
+
+    return wrapped
+
+
+def positive_floats(name, value) -> tuple[float, ...]:
+    """A tuple (or list) of positive finite numbers, e.g. LongRoPE's factors."""
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of positive numbers; got {value!r}")
+    return tuple(checks.number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))
+
+
+def _by_type(name, value, default):
+    if isinstance(default, bool):
+        return checks.boolean(name, value)
+    if isinstance(default, int):
+        return checks.integer(name, value)
+    if isinstance(default, float):
+        return checks.number(name, value)
+    if isinstance(default, str) and not isinstance(value, str):
+        raise ValueError(f"{name} must be a string; got {value!r}")
+    return value
+
+
+class Option:
+    """One hyper-parameter of a unit: a default, a check and a line of documentation.
+
+    Args:
+      default: the value when the config does not set it (None needs ``type``).
+      check: ``check(full_name, value) -> clean value``, raising ValueError
+        with the full name; default: a check by the default's type.
+      doc: one line for tables and ``--help``.
+      type: the field type when ``default`` is None (a config placeholder).
+      train_length: 0 means "the task's training length" (filled in by the
+        training layer before validation; e.g. RoPE's ``original_length``).
+    """
+
+    def __init__(self, default, check: Check | None = None, doc: str = "", *, type=None,
+                 train_length: bool = False):
+        if default is None and type is None:
+            raise ValueError("an Option with default None needs type= (the field's type)")
+        self.default, self.check, self.doc = default, check, doc
+        self.type, self.train_length = type, train_length
+        self.name = ""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        # On the class: the Option itself. On an instance the validated value is an
+        # instance attribute (set at construction) and shadows this descriptor.
+        return self if obj is None else self.default
+
+    def config_value(self):
+        """The field's initial value in a ConfigDict (a typed placeholder for None)."""
+        if self.default is None:
+            return config_dict.placeholder(self.type)
+        return self.default
+
+    def validate(self, full_name: str, value):
+        """The clean value of this option, or ValueError naming ``full_name``."""
+        if self.check is not None:
+            return self.check(full_name, value)
+        if value is None:
+            return None
+        return _by_type(full_name, value, self.default)
+
+    def __repr__(self):
+        return f"Option({self.default!r}, doc={self.doc!r})"
+
+
+def options_of(cls) -> dict[str, Option]:
+    """Every Option of ``cls`` and its bases, by name (subclasses override bases)."""
+    found: dict[str, Option] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, Option):
+                found[name] = value
+    return found
+
+
+def section(cls) -> ml_collections.ConfigDict:
+    """A ConfigDict of the defaults of ``cls``'s options."""
+    return ml_collections.ConfigDict({n: o.config_value() for n, o in options_of(cls).items()})
+
+
+def read(cls, values, *, prefix: str) -> dict:
+    """Validated options of ``cls`` from a mapping (missing ones take their defaults).
+
+    ``prefix`` is the section's dotted name, used in error messages
+    (e.g. ``model.position.t5``). Unknown keys are an error.
+    """
+    opts = options_of(cls)
+    values = dict(values or {})
+    unknown = sorted(set(values) - set(opts))
+    if unknown:
+        raise ValueError(f"unknown field {prefix}.{unknown[0]}; the fields of {prefix} are: "
+                         f"{', '.join(sorted(opts)) or '(none)'}")
+    return {n: o.validate(f"{prefix}.{n}", values.get(n, o.default)) for n, o in opts.items()}
+
+
+def changed(cls, values) -> list[str]:
+    """Names of the options in ``values`` that differ from their defaults."""
+    opts = options_of(cls)
+    return sorted(n for n, v in dict(values or {}).items()
+                  if n in opts and _plain(v) != _plain(opts[n].default))
+
+
+def _plain(v):
+    # JSON round trips turn tuples into lists; both mean the same field value.
+    return tuple(_plain(x) for x in v) if isinstance(v, (list, tuple)) else v

@@ -1,0 +1,201 @@
+"""ModelSpec: ``config.model`` validated once, as typed, frozen values.
+
+``ModelSpec.from_config(config.model)`` is the one validation of a model
+config: every bad field raises ValueError naming the field (full dotted
+name), the bad value and the allowed values; a field of an encoding section
+that the chosen encodings do not use is an error if it was set. The
+:class:`~posenc.model.Decoder` accepts a ModelSpec (trusted) or a ConfigDict
+(validated through this). Everything derived from the config (head_dim,
+per-layer kinds, each unit's options) is resolved here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Mapping
+
+from posenc import checks, registry
+from posenc.model import attention, encoding
+from posenc.model import config as config_lib
+from posenc.model import options as options_lib
+
+MLPS = ("gelu", "swiglu")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class NormSpec:
+    kind: str
+    placement: str
+    eps: float
+    mixln_fraction: float
+    dyt_alpha: float
+    qk_norm: str
+    attn_softcap: float
+    final_softcap: float
+    embed_scale: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionSpec:
+    kind: str
+    layer_kinds: tuple[str, ...]  # per layer; "nope" where the kind acts at the input
+    options: Mapping[str, Mapping[str, Any]]  # validated options of every kind in use
+    randomized: bool
+    randomized_max_position: int
+    randomized_per: str
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Every kind in use: the input kind and the per-layer kinds, in order."""
+        return tuple(dict.fromkeys((self.kind, *self.layer_kinds)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # resolved (0 in the config: num_heads)
+    head_dim: int  # resolved (0 in the config: d_model // num_heads)
+    mlp: str
+    mlp_ratio: float
+    dropout: float
+    tie_embeddings: bool
+    dtype: str
+    attention_block: int
+    attention_impl: str
+    attention_causal_block: int
+    position: PositionSpec
+    norm: NormSpec
+
+    @classmethod
+    def from_config(cls, cfg, *, train_length: int | None = None) -> "ModelSpec":
+        """Validate ``config.model`` and resolve it (see the module docstring).
+
+        ``train_length``: the task's training length, which options declared
+        with ``train_length=True`` take when they are 0 (e.g. RoPE's
+        ``original_length``, a learned table's ``max_length``). Without it
+        such options stay 0, and a unit that needs them says so.
+        """
+        return _spec(cfg, train_length)
+
+
+def _fill(cls, values: dict, train_length: int) -> None:
+    """Options declared ``train_length=True`` and left at 0 take the training length (in place)."""
+    unused = cls.unused_options(values)
+    for name, opt in options_lib.options_of(cls).items():
+        if opt.train_length and values[name] == 0 and name not in unused:
+            fill = opt.train_length
+            values[name] = fill(train_length) if callable(fill) else train_length
+
+
+def _int(name, value, minimum):
+    return checks.integer(f"model.{name}", value, minimum=minimum)
+
+
+def _spec(cfg, train_length) -> ModelSpec:
+    sizes = {n: _int(n, cfg[n], 1) for n in ("vocab_size", "d_model", "num_layers", "num_heads",
+                                           "attention_block")}
+    for name in ("num_kv_heads", "head_dim", "attention_causal_block"):
+        _int(name, cfg[name], 0)
+    checks.choice("model.mlp", cfg.mlp, MLPS)
+    checks.choice("model.dtype", cfg.dtype, DTYPES)
+    checks.choice("model.attention_impl", cfg.attention_impl, attention.IMPLS)
+    dropout = checks.number("model.dropout", cfg.dropout, minimum=0.0, below=1.0)
+    mlp_ratio = checks.number("model.mlp_ratio", cfg.mlp_ratio, positive=True)
+    checks.boolean("model.tie_embeddings", cfg.tie_embeddings)
+    d_model, num_heads, num_layers = sizes["d_model"], sizes["num_heads"], sizes["num_layers"]
+    if cfg.head_dim == 0 and d_model % num_heads:
+        raise ValueError(f"model.d_model {d_model} is not divisible by model.num_heads {num_heads} "
+                         "(set model.head_dim explicitly or change num_heads)")
+    head_dim = int(cfg.head_dim) or d_model // num_heads
+    kv = int(cfg.num_kv_heads) or num_heads
+    if num_heads % kv:
+        raise ValueError(f"model.num_heads {num_heads} is not divisible by model.num_kv_heads {kv}")
+    return ModelSpec(
+        vocab_size=sizes["vocab_size"], d_model=d_model, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=kv, head_dim=head_dim, mlp=cfg.mlp, mlp_ratio=mlp_ratio, dropout=dropout,
+        tie_embeddings=bool(cfg.tie_embeddings), dtype=cfg.dtype,
+        attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
+        attention_causal_block=int(cfg.attention_causal_block),
+        position=_position(cfg.position, head_dim=head_dim, num_heads=num_heads,
+                           num_layers=num_layers, train_length=train_length),
+        norm=_norm(cfg.norm),
+    )
+
+
+def _norm(n) -> NormSpec:
+    registry.check_norm_kind(n.kind)
+    registry.check_placement(n.placement)
+    registry.check_qk_norm(n.qk_norm)
+    defaults = config_lib.norm_config()
+    # Fields that only one choice reads: setting them for another is a mistake.
+    for field, owner, chosen in (("mixln_fraction", "placement 'mixln'", n.placement == "mixln"),
+                                 ("dyt_alpha", "kind 'dyt'", n.kind == "dyt")):
+        if not chosen and n[field] != defaults[field]:
+            raise ValueError(f"model.norm.{field}={n[field]!r} is set, but only {owner} uses it "
+                             f"(model.norm.kind={n.kind!r}, model.norm.placement={n.placement!r})")
+    return NormSpec(
+        kind=n.kind, placement=n.placement,
+        eps=checks.number("model.norm.eps", n.eps, positive=True),
+        mixln_fraction=checks.number("model.norm.mixln_fraction", n.mixln_fraction, minimum=0.0,
+                                     maximum=1.0),
+        dyt_alpha=checks.number("model.norm.dyt_alpha", n.dyt_alpha, positive=True),
+        qk_norm=n.qk_norm,
+        attn_softcap=checks.number("model.norm.attn_softcap", n.attn_softcap, minimum=0.0),
+        final_softcap=checks.number("model.norm.final_softcap", n.final_softcap, minimum=0.0),
+        embed_scale=checks.boolean("model.norm.embed_scale", n.embed_scale),
+    )
+
+
+def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSpec:
+    kind = p.kind
+    encoding.get(kind)
+    explicit = tuple(p.layer_kinds)
+    if explicit:
+        if len(explicit) != num_layers:
+            raise ValueError(
+                f"model.position.layer_kinds has {len(explicit)} entries {explicit!r}; "
+                f"need one per layer (model.num_layers={num_layers})")
+        for k in explicit:
+            if encoding.get(k).acts_at_input():
+                raise ValueError(
+                    f"model.position.layer_kinds entry {k!r} is an input embedding, not a "
+                    "per-layer encoding; set it as model.position.kind instead")
+    per_layer = explicit or (kind,) * num_layers
+    layer_kinds = tuple("nope" if encoding.get(k).acts_at_input() else k for k in per_layer)
+    used = tuple(dict.fromkeys((kind, *layer_kinds)))
+    opts = {}
+    for k in used:
+        cls, prefix = encoding.get(k), f"model.position.{k}"
+        section = p[k].to_dict() if k in p else {}
+        values = options_lib.read(cls, section, prefix=prefix)
+        for name in options_lib.changed(cls, section):
+            if name in cls.unused_options(values):
+                raise ValueError(f"{prefix}.{name}={section[name]!r} is set, but {k} does not use it "
+                                 f"with these options (unused here: "
+                                 f"{', '.join(cls.unused_options(values))})")
+        if train_length is not None:
+            _fill(cls, values, checks.integer("task.train_length", train_length, minimum=1))
+        cls.check(values, prefix=prefix, head_dim=head_dim, num_heads=num_heads,
+                  num_layers=num_layers)
+        opts[k] = types.MappingProxyType(values)
+    for k in sorted(set(encoding.ENCODINGS) - set(used)):
+        set_fields = options_lib.changed(encoding.get(k), p[k].to_dict()) if k in p else []
+        if set_fields:
+            raise ValueError(
+                f"model.position.{k}.{set_fields[0]}={p[k][set_fields[0]]!r} is set, but no layer "
+                f"uses {k} (model.position.kind={kind!r}"
+                + (f", layer_kinds={explicit!r}" if explicit else "") + ")")
+    return PositionSpec(
+        kind=kind, layer_kinds=layer_kinds, options=types.MappingProxyType(opts),
+        randomized=checks.boolean("model.position.randomized", p.randomized),
+        randomized_max_position=checks.integer("model.position.randomized_max_position",
+                                               p.randomized_max_position, minimum=1),
+        randomized_per=checks.choice("model.position.randomized_per", p.randomized_per,
+                                     config_lib.RANDOMIZED_PER),
+    )
+
