@@ -4,36 +4,43 @@
     python -m experiments.train --config configs/default.py:text,alibi --workdir /tmp/text
     python -m experiments.train --config configs/default.py \
         --config.model.position.kind=alibi --config.train.steps=500 --workdir /tmp/alibi
+    python -m experiments.train --config configs/default.py --workdir /tmp/yarn \
+        --config.model.position.rope.scaling=yarn --config.model.position.rope.factor=4
 
 Trains in about two minutes on a 2-core CPU. The `:ARG` is a comma-separated
 list of variant tokens, applied left to right:
 
-    <task>        copy (default), reverse, recall, sort, addition, parity, text
-                  (text: byte-level LM on the Python stdlib, length 64, eval to 1024)
-    <position>    any posenc.registry.POSITION_KINDS name (default rope), e.g. alibi
+    <task>        any posenc.tasks.TASKS name (default copy); text: byte-level LM on
+                  the Python stdlib, length 64, eval to 1024
+    <position>    any posenc.model.ENCODINGS name (default rope), e.g. alibi
     <placement>   any posenc.registry.PLACEMENTS name (default pre), e.g. post
     randomized    randomized positions (Ruoss et al. 2023) at training and evaluation
+    fit           train until validation accuracy at the training length reaches 0.99
+                  (checked every 250 steps), at most train.steps
     tiny          test-sized: 1 layer, d_model 32, 20 steps, short evals
 
 Fields: `task.*` (name, train_length, min_size (0 = 1), seed, options passed
-to `posenc.tasks.make`), `model.*` (all of `posenc/model/config.py`;
-`vocab_size` and `position.original_length` (if 0) come from the task, and
-`position.max_length` 0 means the training length, so a learned table has
-no untrained rows), `train.*`, `eval.*`, `mesh.*` (devices: `data` = number
-of data-parallel devices, -1 = all of them; `fsdp` = shard parameters and
-optimizer moments over them; see docs/multidevice.md; not part of the
-config hash). With `lock_config=True` a typo in
-`--config.x=y` is an error.
+to `posenc.tasks.make`), `model.*` (all of `posenc/model/config.py`: each
+encoding's options under `model.position.<kind>.*`; `vocab_size` comes from
+the task, and options that take the training length when 0, such as
+`model.position.rope.original_length` and `model.position.learned.max_length`,
+get it), `train.*` (`fit_accuracy` > 0: fit, then extrapolate), `eval.*`
+(`variants`: name -> dotted `model.*` fields to evaluate the trained
+parameters with, e.g. zero-shot RoPE scalings; `max_tokens_per_step` bounds
+evaluation memory), `mesh.*` (devices: `data` = number of data-parallel
+devices, -1 = all of them; `fsdp` = shard parameters and optimizer moments
+over them; see docs/multidevice.md; not part of the config hash). With
+`lock_config=True` a typo in `--config.x=y` is an error, and a field the
+chosen encoding does not use is an error if it is set.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from posenc import registry
-from posenc.model.config import model_config
-
-TASKS = ("copy", "reverse", "recall", "sort", "addition", "parity", "text")
+from posenc import registry, tasks
+from posenc.model import ENCODINGS, model_config
+from posenc.training.overrides import fields
 
 
 def _base() -> ml_collections.ConfigDict:
@@ -46,7 +53,6 @@ def _base() -> ml_collections.ConfigDict:
         options=ml_collections.ConfigDict(),  # keyword options of posenc.tasks.make
     ))
     c.model = model_config()
-    c.model.position.max_length = 0  # 0: task.train_length
     c.train = ml_collections.ConfigDict(dict(
         steps=5000,
         batch_size=32,
@@ -60,6 +66,8 @@ def _base() -> ml_collections.ConfigDict:
         eps=1e-9,
         z_loss=0.0,  # PaLM z-loss weight (1e-4 typical); 0 = off
         seed=0,  # model init and data keys
+        fit_accuracy=0.0,  # > 0: stop once validation accuracy at the training length reaches it
+        fit_check_every=250,  # steps between fit checks (with fit_accuracy > 0)
         log_every=250,
         checkpoint_every=1000,
         keep_checkpoints=2,
@@ -72,10 +80,12 @@ def _base() -> ml_collections.ConfigDict:
         num_batches=4,
         seed=1234,
         position_buckets=8,  # text: loss over 8 position ranges per length
-        # zero-shot context extension, e.g. "scaling=yarn,scaling_factor=4.0": evaluate the
-        # trained parameters with these model.position fields changed ("" = as trained)
-        position_overrides="",
+        max_tokens_per_step=16384,  # evaluation memory bound: rows per forward * length (0 = off)
     ))
+    # name -> {dotted model.* field: value}: the trained parameters evaluated with these
+    # fields changed, e.g. {"yarn4": {"model.position.rope.scaling": "yarn",
+    # "model.position.rope.factor": 4.0}} (zero-shot context extension)
+    c.eval.variants = fields({})
     c.mesh = ml_collections.ConfigDict(dict(
         data=-1,  # data-parallel devices; -1: all (every process's); batch sizes must divide by it
         fsdp=False,  # True: shard each parameter and its Adam moments over the devices (FSDP)
@@ -84,7 +94,7 @@ def _base() -> ml_collections.ConfigDict:
 
 
 def _apply(c: ml_collections.ConfigDict, token: str) -> None:
-    if token in TASKS:
+    if token in tasks.TASKS:
         c.task.name = token
         if token == "text":
             c.task.train_length = 64
@@ -93,13 +103,15 @@ def _apply(c: ml_collections.ConfigDict, token: str) -> None:
             c.eval.num_batches = 4
             c.eval.batch_size = 8
             c.train.steps = 1000
-    elif token in registry.POSITION_KINDS:
+    elif token in ENCODINGS:
         c.model.position.kind = token
     elif token in registry.PLACEMENTS:
         c.model.norm.placement = token
     elif token == "randomized":
         c.model.position.randomized = True
         c.model.position.randomized_max_position = 4 * max(c.eval.lengths)
+    elif token == "fit":
+        c.train.fit_accuracy = 0.99
     elif token == "tiny":
         c.model.d_model, c.model.num_layers, c.model.num_heads = 32, 1, 2
         c.task.train_length = 16
@@ -107,7 +119,7 @@ def _apply(c: ml_collections.ConfigDict, token: str) -> None:
                        progress=False)
         c.eval.update(lengths=(16, 32), batch_size=8, num_batches=1)
     else:
-        allowed = [*TASKS, *registry.POSITION_KINDS, *registry.PLACEMENTS, "randomized", "tiny"]
+        allowed = [*tasks.TASKS, *ENCODINGS, *registry.PLACEMENTS, "randomized", "fit", "tiny"]
         raise ValueError(f"unknown configs/default.py argument {token!r}; choose a comma-separated "
                          f"list of: {', '.join(allowed)}")
 

@@ -54,9 +54,15 @@ def _config_for(config, position: str):
     c = copy.deepcopy(config)
     with c.unlocked():
         c.model.position.kind = position
-        c.model.position.max_length = max(int(c.task.train_length), *(int(n) for n in c.bench.eval_lengths or (0,)))
-        c.model.position.original_length = int(c.task.train_length)
     return c
+
+
+def _spec(c):
+    """The model spec; options that take the training length (a learned table's rows) cover the eval lengths."""
+    from posenc.model import ModelSpec
+
+    longest = max(int(c.task.train_length), *(int(n) for n in c.bench.eval_lengths or (0,)))
+    return ModelSpec.from_config(c.model, train_length=longest)
 
 
 def matmul_peak_flops_per_s(n: int = 1024, repeats: int = 10) -> float:
@@ -95,7 +101,7 @@ def _build(config):
 
     from posenc.model import Decoder
 
-    return Decoder(config.model, rngs=nnx.Rngs(0))
+    return Decoder(_spec(config), rngs=nnx.Rngs(0))
 
 
 def _flops_per_token(model, config) -> float:
@@ -196,6 +202,11 @@ def _peer(config, position: str, eval_length: int = 0) -> dict | None:
 def _eval_in_child(position: str, length: int) -> dict:
     argv = [sys.executable, "-m", "experiments.benchmark", f"--config={_config_arg()}",
             f"--eval_child={position}:{length}"]
+    from experiments import runtime
+
+    plugins = runtime.plugin_names(sys.argv)
+    if plugins:
+        argv.append(f"--plugins={','.join(plugins)}")
     out = subprocess.run(argv, capture_output=True, text=True)
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
@@ -263,4 +274,6 @@ def main(argv):
 
 if __name__ == "__main__":
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    app.run(main)
+    from experiments import runtime
+
+    runtime.main(main)

@@ -2,8 +2,10 @@
 
     python -m experiments.compare --config configs/compare.py:quick --workdir /tmp/compare
 
-Each grid point is ``config.base`` with overrides, trained and evaluated in
-WORKDIR/runs/<name>/ (resumable; complete runs are skipped). Then
+Each grid point is ``config.base`` with the point's fields set (a grid entry
+is a field value or a ``variants`` name: a dict of dotted fields), trained
+and evaluated in WORKDIR/runs/<name>/ (resumable; complete runs are
+skipped). Every point is validated before the first one trains. Then
 WORKDIR/results.jsonl holds every row (with ``variant`` and ``run``),
 WORKDIR/table.md the mean ± std over seeds per eval length, and
 WORKDIR/plots/<task>_<metric>.png the metric vs eval length. A run whose
@@ -16,14 +18,15 @@ Several devices are used through ``config.base.mesh`` (docs/multidevice.md);
 several hosts with ``--distributed`` on every host (only process 0 writes
 results, the table and plots):
 
-    python -m experiments.compare --config configs/compare.py:quick --workdir /shared/compare \
+    python -m experiments.compare --config configs/compare.py:quick --workdir /shared/compare \\
         --distributed --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
 """
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import itertools
+import json
 import os
 import time
 
@@ -36,116 +39,109 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/compa
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
 
-
-def _parse_value(text: str):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+# grid axis -> the field a plain entry sets
+AXES = {"tasks": "task.name", "positions": "model.position.kind", "placements": "model.norm.placement",
+        "norms": "model.norm.kind", "seeds": "train.seed"}
 
 
-def apply_overrides(config, overrides: str) -> None:
-    """Apply ``"a.b=1;c.d=x"`` to ``config`` in place; ValueError on an unknown field."""
-    for item in filter(None, (s.strip() for s in overrides.split(";"))):
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not of the form dotted.field=value")
-        path, value = (s.strip() for s in item.split("=", 1))
-        *parents, last = path.split(".")
-        node = config
-        for p in parents:
-            if p not in node:
-                raise ValueError(f"unknown config field {path!r} in override {item!r}")
-            node = node[p]
-        if last not in node:
-            raise ValueError(f"unknown config field {path!r} in override {item!r}")
-        value = _parse_value(value)
-        if isinstance(node[last], float) and isinstance(value, int):
-            value = float(value)
-        node[last] = value
+@dataclasses.dataclass
+class Point:
+    """One grid point: its run name, the label of its positions entry, and its resolved run."""
+
+    name: str
+    variant: str
+    resolved: object
+
+    @property
+    def cell(self) -> str:
+        """The point's config without its seed: points of one cell differ only in train.seed."""
+        from posenc.training import results
+
+        d = json.loads(results.canonical_json(self.resolved.config.to_dict()))
+        d["train"].pop("seed")
+        return results.canonical_json(d)
 
 
-def expand(config) -> list[tuple[str, str, object]]:
-    """Grid points ``(run name, variant, run config)`` in a fixed order."""
+def _fields(config, axis: str, entry) -> dict:
+    from posenc.training import overrides
+
+    if isinstance(entry, str) and entry in config.variants:
+        return overrides.as_dict(config.variants[entry])
+    return {AXES[axis]: entry}
+
+
+def expand(config) -> list[Point]:
+    """Every grid point, validated (ConfigError on a bad one), in a fixed order."""
+    from posenc.training import overrides, setup
+
     g = config.grid
     points = []
-    for task, position, placement, norm, seed in itertools.product(
-        g.tasks, g.positions, g.placements, g.norms, g.seeds
-    ):
-        run = config.base.copy_and_resolve_references()
-        run.unlock()
-        run.task.name = task
-        if position in config.variants:
-            apply_overrides(run, config.variants[position])
-        else:
-            run.model.position.kind = position
-        run.model.norm.placement = placement
-        run.model.norm.kind = norm
-        run.train.seed = int(seed)
-        points.append((f"{task}_{position}_{norm}-{placement}_s{seed}", position, run))
+    for entries in itertools.product(*(g[a] for a in AXES)):
+        run = setup.plain_copy(config.base)
+        for axis, entry in zip(AXES, entries):
+            overrides.apply(run, _fields(config, axis, entry), where=f"grid.{axis} entry {entry!r}")
+        task, position, placement, norm, seed = entries
+        name = f"{task}_{position}_{norm}-{placement}_s{seed}"
+        try:
+            resolved = setup.resolve(run)
+        except setup.ConfigError as e:
+            raise setup.ConfigError(f"grid point {name}: {e}") from None
+        points.append(Point(name=name, variant=str(position), resolved=resolved))
     return points
 
 
-def seed_groups(points) -> list[list[int]]:
-    """Indices of ``points`` grouped into runs that differ only in their seed, in grid order."""
-    groups, keys = [], {}
-    for i, (name, variant, _) in enumerate(points):
-        key = (name.rsplit("_s", 1)[0], variant)
-        if key in keys:
-            groups[keys[key]].append(i)
-        else:
-            keys[key] = len(groups)
-            groups.append([i])
-    return groups
+def cells(points) -> list[list[int]]:
+    """Indices of ``points`` grouped into cells (configs equal but for the seed), in grid order."""
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault(p.cell, []).append(i)
+    return list(groups.values())
 
 
-def vmap_seeds(config, run_config) -> bool:
-    """Whether to train the seeds of a grid cell together: ``grid.vmap_seeds`` (default False), on one device."""
+def vmap_seeds(config, resolved) -> bool:
+    """Whether to train the seeds of a grid cell together: ``grid.vmap_seeds``, on one device."""
+    from posenc import checks
     from posenc.training import sharding
 
-    mode = config.grid.get("vmap_seeds", False)
-    if not isinstance(mode, bool):
-        raise ValueError(f"grid.vmap_seeds must be True or False, got {mode!r}")
-    return mode and sharding.mesh_or_none(run_config) is None
+    mode = checks.boolean("grid.vmap_seeds", config.grid.get("vmap_seeds", False))
+    return mode and sharding.mesh_or_none(resolved.config) is None
 
 
 def run_grid(config, workdir: str) -> list[dict]:
     """Train / evaluate every grid point (skipping complete ones), write results, table and plots."""
-    from posenc.training import loop, multiseed, report, results
+    from posenc.training import finish, loop, multiseed, report, results, setup
 
     loop.quiet_libraries()
-    points = expand(config)
+    points = expand(config)  # every point validated before any run starts
     all_rows, ran, skipped, t0 = [], 0, 0, time.time()
     groups = []
-    for group in seed_groups(points):
-        if len(group) > 1 and vmap_seeds(config, points[group[0]][2]):
+    for group in cells(points):
+        if len(group) > 1 and vmap_seeds(config, points[group[0]].resolved):
             groups.append(group)
         else:
             groups += [[i] for i in group]
     for group in groups:
-        for i in group:
-            name, _, run_config = points[i]
-            if loop.completed_rows(run_config, os.path.join(workdir, "runs", name)) is not None:
-                skipped += 1
-                logging.info("[%d/%d] %s: complete, skipped", i + 1, len(points), name)
-            else:
-                ran += 1
-                logging.info("[%d/%d] %s: training%s", i + 1, len(points), name,
-                             " (seeds together)" if len(group) > 1 else "")
-        names = [points[i][0] for i in group]
-        dirs = [os.path.join(workdir, "runs", n) for n in names]
+        dirs = [os.path.join(workdir, "runs", points[i].name) for i in group]
+        for i, d in zip(group, dirs):
+            done = setup.completed_rows(points[i].resolved, d) is not None
+            skipped, ran = skipped + done, ran + (not done)
+            logging.info("[%d/%d] %s: %s", i + 1, len(points), points[i].name,
+                         "complete, skipped" if done else "training")
+        runs = [points[i].resolved for i in group]
+        names = [points[i].name for i in group]
         if len(group) > 1:
-            outs = multiseed.run_seeds([points[i][2] for i in group], dirs, names=names)
+            outs = multiseed.run_seeds(runs, dirs, names=names)
         else:
             try:
-                outs = [loop.run(points[group[0]][2], dirs[0], name=names[0])]
+                outs = [loop.run(runs[0], dirs[0], name=names[0])]
             except loop.NonFiniteError as e:
                 outs = [e]
         for i, run_dir, rows in zip(group, dirs, outs):
-            name, variant, run_config = points[i]
+            p = points[i]
             if isinstance(rows, loop.NonFiniteError):  # divergence is a result of the grid, not a crash
-                logging.warning("%s diverged: %s", name, rows)
-                rows = loop.record_divergence(run_config, run_dir, rows, name=name)
-            all_rows += [dict(r, variant=variant, run=name) for r in rows]
+                logging.warning("%s diverged: %s", p.name, rows)
+                rows = finish.record_divergence(p.resolved, run_dir, rows, name=p.name)
+            all_rows += [dict(r, variant=p.variant, run=p.name) for r in rows]
     if not loop.is_main_process():  # one writer for the shared workdir
         return all_rows
     results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)
@@ -170,4 +166,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    runtime.main(main)

@@ -3,11 +3,14 @@
     python -m experiments.train --config configs/default.py --workdir /tmp/run
     python -m experiments.train --config configs/default.py:alibi \
         --config.train.steps=500 --workdir /tmp/alibi
+    python -m experiments.train --config configs/default.py:tiny --plugins=my_encodings \
+        --config.model.position.kind=half_alibi --workdir /tmp/mine
 
 Writes WORKDIR/config.json, WORKDIR/checkpoints/ (Orbax, last k kept),
 WORKDIR/train_log.jsonl and WORKDIR/results.jsonl (one row per eval length).
 Rerunning with the same WORKDIR resumes from the last checkpoint, or only
-reports if the run is complete.
+reports if the run is complete. ``--plugins`` imports modules first (your own
+encodings); a bad config field prints one line naming it and exits 2.
 
 All local devices are used (``--config.mesh.data``, ``--config.mesh.fsdp``);
 several hosts: the same command on every host with ``--distributed`` (and
@@ -51,4 +54,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    runtime.main(main)

@@ -2,13 +2,20 @@
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from posenc import registry
-from posenc.training import validate_config
+from posenc import rope, rope_scaling
+from posenc.model import ENCODINGS
+from posenc.training import ConfigError, resolve
+
+
+def validate_config(c):
+    return resolve(c)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,9 +61,11 @@ def test_default_variants(arg, field, value):
     assert get(default.get_config(arg), field) == value
 
 
-def test_every_position_kind_is_a_variant():
-    for kind in registry.POSITION_KINDS:
-        assert default.get_config(kind).model.position.kind == kind
+def test_every_position_kind_is_a_variant_and_validates():
+    for kind in ENCODINGS:
+        c = default.get_config(f"tiny,{kind}")
+        assert c.model.position.kind == kind
+        assert set(validate_config(c).config.model.position) & set(ENCODINGS) <= {kind}
 
 
 def test_unknown_variant_names_allowed_tokens():
@@ -86,8 +95,14 @@ def test_lock_config_rejects_typo_on_the_command_line():
     ("task.name", "copyy", r"unknown task 'copyy'; choose one of: copy"),
     ("model.position.kind", "rop", r"unknown position kind 'rop'; choose one of: alibi"),
     ("model.norm.placement", "middle", r"unknown norm placement 'middle'"),
-    ("train.steps", 0, r"train.steps must be a positive integer, got 0"),
+    ("train.steps", 0, r"train.steps must be an integer >= 1; got 0"),
     ("train.learning_rate", -1.0, r"train.learning_rate must be > 0"),
+    ("train.fit_accuracy", 1.5, r"train.fit_accuracy must be a finite number >= 0.0 <= 1.0; got 1.5"),
+    ("model.position.rope.scaling", "yarnn", r"unknown model.position.rope.scaling 'yarnn'; choose one of: default"),
+    ("model.position.rope.beta_fast", 8.0, r"model.position.rope.beta_fast=8.0 is set, but rope does not use it"),
+    ("model.position.t5.num_buckets", 8, r"model.position.t5.num_buckets=8 is set, but no layer uses t5"),
+    ("model.norm.mixln_fraction", 0.5, r"model.norm.mixln_fraction=0.5 is set, but only placement 'mixln' uses it"),
+    ("model.position.randomized_per", "token", r"unknown model.position.randomized_per 'token'; choose one of: batch, example"),
     ("train.warmup_steps", 10_000, r"train.warmup_steps must be in \[0, train.steps=5000\]"),
     ("eval.lengths", (), r"eval.lengths must be a non-empty tuple"),
 ])
@@ -98,15 +113,67 @@ def test_validation_errors_name_the_field(field, value, message):
     for p in parents:
         node = node[p]
     node[last] = value
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         validate_config(c)
 
 
 def test_learned_table_shorter_than_training_is_an_error():
     c = default.get_config("learned")
-    c.model.position.max_length = 8
-    with pytest.raises(ValueError, match=r"max_length=8 is shorter than task.train_length=32"):
+    c.model.position.learned.max_length = 8
+    with pytest.raises(ValueError, match=r"model.position.learned can represent 8 positions, fewer than "
+                                         r"task.train_length=32"):
         validate_config(c)
+
+
+@pytest.mark.parametrize("scaling", rope.KINDS)
+def test_every_rope_scaling_works_from_a_config(scaling):
+    c = default.get_config("tiny")
+    r = c.model.position.rope
+    r.scaling = scaling
+    if scaling not in ("default", "dynamic_yarn"):
+        r.factor = 2.0
+    if scaling == "longrope":
+        half = (c.model.d_model // c.model.num_heads) // 2
+        r.short_factor = tuple(1.0 + 0.1 * i for i in range(half))
+        r.long_factor = tuple(2.0 + 0.1 * i for i in range(half))
+    if scaling == "proportional":
+        r.fraction = 0.5
+    spec = validate_config(c).spec
+    assert spec.position.options["rope"]["scaling"] == scaling
+    if scaling in rope_scaling.NEEDS_ORIGINAL_LENGTH:
+        assert spec.position.options["rope"]["original_length"] == c.task.train_length
+
+
+def test_longrope_without_factors_and_mixed_partial_conventions_are_errors():
+    c = default.get_config("tiny")
+    c.model.position.rope.update(scaling="longrope", factor=2.0)
+    with pytest.raises(ConfigError, match=r"model.position.rope \(scaling 'longrope'\): .*short_factor"):
+        validate_config(c)
+    c = default.get_config("tiny")
+    c.model.position.rope.update(scaling="proportional", rotary_fraction=0.5)
+    with pytest.raises(ConfigError, match="cannot be combined with scaling 'proportional'"):
+        validate_config(c)
+
+
+def run_cli(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.model.position.kind=rop",
+     "error: unknown position kind 'rop'; choose one of: alibi, cope, fire"),
+    ("--config.train.stepz=3", "error: --config.train.stepz: unknown config field 'stepz'; did you mean 'steps'?"),
+])
+def test_a_bad_config_on_the_command_line_is_one_line_and_exit_2(tmp_path, flag, message):
+    out = run_cli(f"--config={ROOT}/configs/default.py:tiny", f"--workdir={tmp_path}/w", flag,
+                  "--jax_cache_dir=")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[0]]
+    assert out.stderr.startswith(message), out.stderr
+    assert "Traceback" not in out.stderr
+    assert not os.path.exists(tmp_path / "w")  # nothing claimed
 
 
 def test_compare_quick_grid():
@@ -122,7 +189,7 @@ def test_compare_other_grids_load(arg):
     c = compare.get_config(arg)
     assert len(c.grid.positions) * len(c.grid.placements) >= 2
     for p in c.grid.positions:
-        assert p in registry.POSITION_KINDS or p in c.variants
+        assert p in ENCODINGS or p in c.variants
 
 
 def test_compare_unknown_arg():

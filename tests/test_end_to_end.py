@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from posenc.model import Decoder
-from posenc.training import NonFiniteError, loop, optim, results
+from posenc.training import NonFiniteError, finish, loop, optim, results, setup
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -32,9 +32,9 @@ def tiny():
 
 
 def restored_params(config, workdir):
-    config, _ = loop.prepare_config(config)
-    model = Decoder(config.model, rngs=nnx.Rngs(99))
-    opt = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
+    r = setup.resolve(config)
+    model = Decoder(r.spec, rngs=nnx.Rngs(99))
+    opt = nnx.Optimizer(model, optim.make_optimizer(r.config.train), wrt=nnx.Param)
     _, state = nnx.split((model, opt))
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
     state, record = ckpt.restore(state)
@@ -89,8 +89,8 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
     real = step_lib.train_step_fn
     calls = {"n": 0}
 
-    def poisoned(task, config):
-        fn = real(task, config)
+    def poisoned(task, config, **kw):
+        fn = real(task, config, **kw)
 
         def step(graphdef, state, key):
             state, metrics = fn(graphdef, state, key)
@@ -112,9 +112,9 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
     assert all(np.isfinite(x).all() for x in leaves if x.dtype == np.float32)
     assert np.isfinite(record["metrics"]["loss"])
     # grids record divergence as a result: the run then counts as complete
-    rows = loop.record_divergence(tiny(), str(tmp_path), e.value)
+    rows = finish.record_divergence(setup.resolve(tiny()), str(tmp_path), e.value)
     assert [(r["eval_length"], r["loss"], r["diverged_at_step"]) for r in rows] == [(16, None, 13), (32, None, 13)]
-    assert loop.completed_rows(tiny(), str(tmp_path)) == rows
+    assert setup.completed_rows(tiny(), str(tmp_path)) == rows
 
 
 def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):
@@ -128,7 +128,7 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
     assert sorted((r["variant"], r["eval_length"]) for r in rows) == [
         ("alibi", 16), ("alibi", 32), ("learned", 16), ("learned", 32)]
     learned_long = next(r for r in rows if r["variant"] == "learned" and r["eval_length"] == 32)
-    assert learned_long["accuracy"] is None and "16 rows" in learned_long["not_applicable"]
+    assert learned_long["accuracy"] is None and "learned encodes 16 positions" in learned_long["not_applicable"]
     table = open(tmp_path / "table.md").read()
     assert "| learned |" in table and "n/a" in table and "| alibi |" in table
     for name in ("copy_accuracy.png", "copy_exact_match.png", "copy_loss.png"):
@@ -146,15 +146,66 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
 
 def test_grid_expansion_and_overrides():
     from experiments import compare as compare_main
+    from posenc.training import overrides
 
     c = load("compare").get_config("scaling")
-    points = {variant: run for _, variant, run in compare_main.expand(c) if run.train.seed == 0}
-    zs = points["rope_yarn_zeroshot"]
-    assert zs.model.position.kind == "rope" and zs.eval.position_overrides == "scaling=yarn,scaling_factor=4.0"
-    assert points["rope_yarn_trained"].model.position.scaling_factor == 4.0
-    assert points["alibi"].model.position.kind == "alibi"
-    loop.validate_config(zs)
-    names = [name for name, _, _ in compare_main.expand(c)]
+    points = {p.variant: p.resolved for p in compare_main.expand(c) if p.resolved.config.train.seed == 0}
+    rope = points["rope"]
+    assert rope.config.model.position.kind == "rope"
+    assert set(rope.eval_variants) == {"pi", "ntk", "dynamic_ntk", "yarn", "llama3"}
+    assert rope.eval_variants["yarn"][1].position.options["rope"]["scaling"] == "yarn"
+    assert points["rope_yarn_trained"].spec.position.options["rope"]["factor"] == 4.0
+    assert points["alibi"].config.model.position.kind == "alibi" and not points["alibi"].eval_variants
+    names = [p.name for p in compare_main.expand(c)]
     assert len(names) == len(set(names)) == len(c.grid.positions) * len(c.grid.seeds)
-    with pytest.raises(ValueError, match="unknown config field 'train.stepz'"):
-        compare_main.apply_overrides(zs, "train.stepz=3")
+    # runs of one cell are grouped by their config, not by their names
+    cells = compare_main.cells(compare_main.expand(c))
+    assert [len(g) for g in cells] == [2, 2, 2]
+    with pytest.raises(ValueError, match="unknown config field 'train.stepz'; the fields of train are"):
+        overrides.apply(rope.config, {"train.stepz": 3})
+    c.grid.positions = ("rope", "alibi")
+    c.variants = overrides.fields({"rope": {"model.position.rope.beta_fast": 3.0}})
+    with pytest.raises(setup.ConfigError, match="grid point copy_rope_rms-pre_s0: model.position.rope.beta_fast"):
+        compare_main.expand(c)  # every point is validated before any run starts
+
+
+def test_fit_then_extrapolate_stops_when_the_training_length_is_fitted(tmp_path):
+    c = tiny()
+    c.task.train_length = 8
+    c.model.position.kind = "alibi"
+    c.train.update(steps=400, learning_rate=1e-2, warmup_steps=10, log_every=10, checkpoint_every=100,
+                   fit_accuracy=0.5, fit_check_every=10)
+    rows = loop.run(c, str(tmp_path))
+    for r in rows:
+        assert r["fitted"] is True and r["steps_to_fit"] == r["steps_trained"] < 400
+        assert r["steps_to_fit"] % 10 == 0 and r["fit_accuracy"] >= 0.5
+    # the fitted run resumes as finished (no more training) and reports the same rows
+    again = loop.run(c, str(tmp_path))
+    assert [x["steps_to_fit"] for x in again] == [x["steps_to_fit"] for x in rows]
+    # a fixed budget (fit_accuracy 0) records no fit
+    plain = loop.run(tiny(), str(tmp_path / "plain"))
+    assert all(r["fitted"] is None and r["steps_to_fit"] is None for r in plain)
+
+
+def test_the_plugin_example_of_the_readme_runs_as_written(tmp_path):
+    import subprocess
+
+    (tmp_path / "my_encodings.py").write_text(
+        "# my_encodings.py\n"
+        "import posenc\n"
+        "from posenc.model import Encoding, register_encoding\n\n"
+        "@register_encoding(\"half_alibi\")\n"
+        "class HalfAlibi(Encoding):\n"
+        "    def bias(self, q_positions, k_positions):\n"
+        "        return 0.5 * posenc.alibi.bias(q_positions, k_positions,\n"
+        "                                       posenc.alibi.slopes(self.num_heads))\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config", "configs/default.py:tiny",
+         "--plugins=my_encodings", "--config.model.position.kind=half_alibi",
+         "--workdir", str(tmp_path / "mine"), "--jax_cache_dir="],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| half_alibi |" in out.stdout
+    rows = results.read_jsonl(str(tmp_path / "mine" / "results.jsonl"))
+    assert {r["position"] for r in rows} == {"half_alibi"} and len(rows) == 2

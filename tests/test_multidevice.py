@@ -55,15 +55,11 @@ def _leaves(state) -> dict:
     return out
 
 
-def _fresh_state(config):
-    from flax import nnx
+def _fresh_state(resolved):
+    from posenc.training import loop
 
-    from posenc.model import Decoder
-    from posenc.training import optim
-
-    model = Decoder(config.model, rngs=nnx.Rngs(int(config.train.seed)))
-    opt = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
-    return nnx.split((model, opt))
+    _, _, graphdef, state = loop.init_state(resolved)
+    return graphdef, state
 
 
 def _train_steps(config, steps):
@@ -73,8 +69,11 @@ def _train_steps(config, steps):
     from posenc.training import loop, sharding
     from posenc.training import step as step_lib
 
-    config, task = loop.prepare_config(config)
-    graphdef, state = _fresh_state(config)
+    from posenc.training import setup
+
+    r = setup.resolve(config)
+    config, task = r.config, r.task
+    graphdef, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(config)
     if mesh is None:
         fn = step_lib.train_step_fn(task, config)
@@ -95,8 +94,11 @@ def _restore(config, directory):
     from posenc.training import loop, sharding
     from posenc.training.checkpoint import Checkpointer
 
-    config, _ = loop.prepare_config(config)
-    _, state = _fresh_state(config)
+    from posenc.training import setup
+
+    r = setup.resolve(config)
+    config = r.config
+    _, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(config)
     if mesh is not None:
         state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(config))
@@ -127,8 +129,11 @@ def worker_four(out):
     report["ckpt4_step"] = record["step"]
     np.savez(os.path.join(out, "ckpt4.npz"), **_leaves(state))
     # 1 -> 4: a state on one device (as a 1-device run saves it) restores FSDP-sharded
-    config, _ = loop.prepare_config(_config(True))
-    _, single = _fresh_state(config)
+    from posenc.training import setup
+
+    resolved = setup.resolve(_config(True))
+    config = resolved.config
+    _, single = _fresh_state(resolved)
     ckpt = Checkpointer(os.path.join(out, "ckpt1"))
     ckpt.save(0, single, {"step": 0})
     ckpt.close()

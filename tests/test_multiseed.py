@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from posenc.training import loop, multiseed, results
+from posenc.training import finish, loop, multiseed, results, setup
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -127,8 +127,27 @@ def test_one_diverging_seed_keeps_the_others(tmp_path, monkeypatch, separate):
     # seed 0 trained on alone (in a stack of one) and equals its separate run
     assert_rows_close(outs[0], separate[0][1])
     assert_logs_close(dirs[0], separate[0][0])
-    rows = loop.record_divergence(config(1), dirs[1], outs[1])
-    assert loop.completed_rows(config(1), dirs[1]) == rows and rows[0]["diverged_at_step"] == 2
+    rows = finish.record_divergence(setup.resolve(config(1)), dirs[1], outs[1])
+    assert setup.completed_rows(config(1), dirs[1]) == rows and rows[0]["diverged_at_step"] == 2
+
+
+def test_a_fitted_seed_leaves_the_group_and_the_others_go_on(tmp_path):
+    def fit_config(seed, target):
+        c = config(seed)
+        c.train.update(steps=12, fit_check_every=4, fit_accuracy=target)
+        return c
+
+    dirs = [str(tmp_path / f"s{s}") for s in (0, 1)]
+    # accuracy 0.0 is reached at the first check; 1.0 never is (the budget ends the run)
+    c0, c1 = fit_config(0, 1e-9), fit_config(1, 1.0)
+    c1.train.fit_accuracy = 1.0
+    c0.train.fit_accuracy = 1.0
+    with pytest.raises(ValueError, match="differ only in train.seed"):
+        multiseed.run_seeds([fit_config(0, 1e-9), fit_config(1, 1.0)], dirs)
+    outs = multiseed.run_seeds([fit_config(0, 1e-9), fit_config(1, 1e-9)], dirs)
+    for rows in outs:
+        assert all(r["fitted"] and r["steps_to_fit"] == 4 == r["steps_trained"] for r in rows)
+    assert Checkpointer(os.path.join(dirs[0], "checkpoints")).latest_step() == 4
 
 
 def test_configs_must_differ_only_in_seed(tmp_path):
@@ -148,7 +167,7 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
     c.base = config(0)
     c.grid.update(positions=("rope",), seeds=(0, 1), vmap_seeds=True)
     points = compare_main.expand(c)
-    assert compare_main.seed_groups(points) == [[0, 1]]
+    assert compare_main.cells(points) == [[0, 1]]
     rows = compare_main.run_grid(c, str(tmp_path))
     assert [(r["run"], r["seeds_trained_together"]) for r in rows] == [
         ("copy_rope_rms-pre_s0", 2), ("copy_rope_rms-pre_s1", 2)]
@@ -156,4 +175,4 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
         assert_rows_close([r], separate[s][1])
     assert results.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
     assert load("compare").get_config("quick").grid.vmap_seeds is False  # the default: one by one
-    assert not compare_main.vmap_seeds(load("compare").get_config("quick"), points[0][2])
+    assert not compare_main.vmap_seeds(load("compare").get_config("quick"), points[0].resolved)

@@ -93,8 +93,8 @@ def test_table_mean_and_std_over_seeds():
     assert "| encoding | 16* | 32 |" in md
     assert "| rope | 0.900 ± 0.100 (EM 0.50) | 0.300 ± 0.100 (EM 0.50) |" in md
     assert "| learned |  | n/a |" in md
-    label = report.table_markdown([row(randomized=True, eval_position_overrides="scaling=linear")])
-    assert "| rope+randomized@scaling=linear |" in label
+    label = report.table_markdown([row(randomized=True, eval_variant="pi4")])
+    assert "| rope+randomized@pi4 |" in label
     bad = dict(row(seed=1, loss=None, accuracy=None, exact_match=None), diverged_at_step=3)
     assert "| rope | 0.900 ± 0.000 (EM 0.50) [1 diverged] |" in report.table_markdown([row(), bad])
     assert "| rope | diverged |" in report.table_markdown([bad])

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from posenc.model import Decoder
-from posenc.training import loop, optim
+from posenc.training import evaluate, loop, optim, overrides, setup
 from posenc.training import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,17 +61,18 @@ def raw(x):
     return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
 
 
-def train(config, steps):
-    config, task = loop.prepare_config(config)
-    model = Decoder(config.model, rngs=nnx.Rngs(config.train.seed))
-    opt = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, opt))
-    fn = step_lib.train_step_fn(task, config)
-    root = jax.random.fold_in(jax.random.key(config.train.seed), loop.DATA_STREAM)
+def train(config, steps, stats=False):
+    r = setup.resolve(config)
+    _, _, graphdef, state = loop.init_state(r)
+    fn = step_lib.train_step_fn(r.task, r.config)
+    stats_fn = step_lib.stats_fn(r.task, r.config)
+    root = loop.data_root(r.config)
     history = []
     for t in range(steps):
-        state, metrics = fn(graphdef, state, jax.random.fold_in(root, t))
-        history.append(jax.device_get(metrics))
+        key = jax.random.fold_in(root, t)
+        extra = stats_fn(graphdef, state, key) if stats else {}
+        state, metrics = fn(graphdef, state, key)
+        history.append(jax.device_get({**metrics, **extra}))
     return state, history
 
 
@@ -83,7 +84,7 @@ def tiny():
 
 
 def test_train_step_decreases_loss_and_reports_metrics(tiny):
-    _, h = train(tiny, 40)
+    _, h = train(tiny, 40, stats=True)
     first = np.mean([m["loss"] for m in h[:5]])
     last = np.mean([m["loss"] for m in h[-5:]])
     assert last < first - 0.1, (first, last)
@@ -91,6 +92,23 @@ def test_train_step_decreases_loss_and_reports_metrics(tiny):
                 "attention_entropy", "log_z"):
         assert np.isfinite(h[-1][key]), key
     assert h[0]["lr"] == 0.0 and h[4]["lr"] == pytest.approx(3e-3, rel=1e-5)
+
+
+def test_stats_pass_sees_the_step_batch_and_parameters(tiny):
+    """stats_fn on step t's key gives the diagnostics of the forward the step trains on:
+    log Z of that batch under the pre-update parameters, from the model itself."""
+    r = setup.resolve(tiny)
+    model, _, graphdef, state = loop.init_state(r)
+    key = jax.random.fold_in(loop.data_root(r.config), 0)
+    stats = step_lib.stats_fn(r.task, r.config)(graphdef, state, key)
+    batch, positions = step_lib._batch(r.task, r.config, key, int(r.config.train.batch_size),
+                                       int(r.config.task.train_length), split="train")
+    _, ref = model(batch["inputs"], positions, return_stats=True)
+    for k in ("max_attention_logit", "attention_entropy", "logit_mean", "log_z"):
+        np.testing.assert_allclose(stats[k], ref[k], rtol=1e-5, err_msg=k)
+    # the train step itself returns no diagnostics: they cost a forward on logging steps only
+    _, metrics = step_lib.train_step_fn(r.task, r.config)(graphdef, state, key)
+    assert "max_attention_logit" not in metrics
 
 
 def test_deterministic_from_seed(tiny):
@@ -104,24 +122,32 @@ def test_deterministic_from_seed(tiny):
     _, h3 = train(other, 6)
     assert [m["loss"] for m in h3] != [m["loss"] for m in h1]
     # three models of one shape (two seeds), each its own graphdef object: one jitted step
-    config, task = loop.prepare_config(tiny)
-    assert step_lib.train_step_fn(task, config)._cache_size() == 1
+    r = setup.resolve(tiny)
+    assert step_lib.train_step_fn(r.task, r.config)._cache_size() == 1
 
 
 def test_z_loss_is_added(tiny):
     c = tiny.copy_and_resolve_references()
     c.train.z_loss = 1e-2
-    _, h = train(c, 1)
+    _, h = train(c, 1, stats=True)
     assert h[0]["z_loss"] > 0
     np.testing.assert_allclose(h[0]["total_loss"], h[0]["loss"] + h[0]["z_loss"], rtol=1e-6)
     np.testing.assert_allclose(h[0]["z_loss"], 1e-2 * h[0]["log_z"] ** 2, rtol=0.2)  # mean of squares vs square of mean
 
 
-def test_randomized_positions_train(tiny):
+@pytest.mark.parametrize("per", ["batch", "example"])
+def test_randomized_positions_train(tiny, per):
     c = tiny.copy_and_resolve_references()
-    c.model.position.update(kind="sinusoidal", randomized=True, randomized_max_position=64)
+    c.model.position.update(kind="sinusoidal", randomized=True, randomized_max_position=64,
+                            randomized_per=per)
     _, h = train(c, 2)
     assert np.isfinite(h[-1]["loss"])
+    positions = step_lib.positions_for(c, jax.random.key(0), 4, 8)
+    if per == "batch":  # the reference: one sorted draw shared by the batch
+        assert positions.shape == (8,)
+    else:
+        assert positions.shape == (4, 8) and len({tuple(p) for p in np.asarray(positions)}) > 1
+    assert np.all(np.diff(np.asarray(positions), axis=-1) > 0) and int(positions.max()) < 64
 
 
 def test_position_buckets():
@@ -136,40 +162,62 @@ def test_position_buckets():
 
 
 def test_text_evaluation_has_position_loss_and_learned_past_table_is_na():
-    from posenc.training import evaluate
-
     c = tiny_config("tiny,text")
     c.task.options.max_bytes = 300_000
     c.task.options.eval_fraction = 0.5  # a small corpus still has eval files
     c.eval.update(lengths=(16,), position_buckets=4)
-    c, task = loop.prepare_config(c)
-    model = Decoder(c.model, rngs=nnx.Rngs(0))
-    (row,) = evaluate.evaluate(model, task, c)
+    r = setup.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    (row,) = evaluate.evaluate(model, r)
     assert [(b["start"], b["end"]) for b in row["position_loss"]] == [(0, 4), (4, 8), (8, 12), (12, 16)]
     # an untrained byte model is near-uniform over 256 bytes everywhere
     for b in row["position_loss"]:
         assert abs(b["loss"] - np.log(256)) < 0.5
     np.testing.assert_allclose(np.mean([b["loss"] for b in row["position_loss"]]), row["loss"], rtol=1e-5)
-    c.model.position.update(kind="learned", max_length=16)
-    na = evaluate.evaluate_length(model, task, c, 32)
-    assert na["loss"] is None and "16 rows" in na["not_applicable"]
+    c.model.position.kind = "learned"
+    r = setup.resolve(c)
+    assert r.config.task.train_length == 64  # "text" after "tiny": the table has 64 rows
+    na = evaluate.evaluate_length(Decoder(r.spec, rngs=nnx.Rngs(0)), r.task, r.config, r.spec, 128)
+    assert na["loss"] is None and "learned encodes 64 positions" in na["not_applicable"]
 
 
-def test_zero_shot_position_overrides():
-    from posenc.training import evaluate
+def test_evaluation_in_row_chunks_equals_one_batch():
+    c = tiny_config("tiny")
+    c.eval.update(lengths=(16,), batch_size=8, num_batches=2, max_tokens_per_step=0)
+    r = setup.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    (whole,) = evaluate.evaluate(model, r)
+    c.eval.max_tokens_per_step = 40  # 2 rows of 16 tokens per forward: 4 chunks per batch
+    r2 = setup.resolve(c)
+    (chunked,) = evaluate.evaluate(model, r2)
+    assert whole["eval_rows_per_step"] == 8 and chunked["eval_rows_per_step"] == 2
+    for k in ("loss", "accuracy", "exact_match", "eval_tokens"):
+        assert chunked[k] == pytest.approx(whole[k], rel=1e-6), k
+    assert evaluate.rows_per_step(32, 100, 1000) == 8  # the largest divisor within the budget
+    assert evaluate.rows_per_step(32, 5000, 1000) == 1  # one row even past the budget
 
+
+def test_zero_shot_evaluation_variants():
     c = tiny_config("tiny")
     c.eval.lengths = (32,)
-    c, task = loop.prepare_config(c)
-    model = Decoder(c.model, rngs=nnx.Rngs(0))
-    (plain,) = evaluate.evaluate(model, task, c)
-    c.eval.position_overrides = "scaling=linear,scaling_factor=4"
-    extended, ec = evaluate.eval_model(model, c)
-    assert ec.model.position.scaling == "linear" and ec.model.position.scaling_factor == 4.0
+    r = setup.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    (plain,) = evaluate.evaluate(model, r)
+    c.eval.variants = overrides.fields(
+        {"pi4": {"model.position.rope.scaling": "linear", "model.position.rope.factor": 4}})
+    r = setup.resolve(c)
+    (vc, vspec), = r.eval_variants.values()
+    assert vspec.position.options["rope"]["scaling"] == "linear"
+    assert vspec.position.options["rope"]["factor"] == 4.0
+    extended = evaluate.variant_model(model, vspec)
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(extended, nnx.Param))):
         np.testing.assert_array_equal(a, b)  # same trained parameters
-    (scaled,) = evaluate.evaluate(model, task, c)
-    assert scaled["loss"] != plain["loss"]  # positions are interpolated 4x
-    c.eval.position_overrides = "kind=alibi"
-    with pytest.raises(ValueError, match="cannot override 'kind'"):
-        evaluate.eval_model(model, c)
+    base, scaled = evaluate.evaluate(model, r)
+    assert (base["eval_variant"], scaled["eval_variant"]) == (None, "pi4")
+    assert base["loss"] == plain["loss"] and scaled["loss"] != plain["loss"]  # positions interpolated 4x
+    c.eval.variants = overrides.fields({"other": {"model.position.kind": "alibi"}})
+    with pytest.raises(setup.ConfigError, match="cannot change the position kinds"):
+        setup.resolve(c)
+    c.eval.variants = overrides.fields({"lr": {"train.learning_rate": 1.0}})
+    with pytest.raises(setup.ConfigError, match="changes model.\\* fields"):
+        setup.resolve(c)

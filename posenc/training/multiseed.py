@@ -3,20 +3,21 @@
 ``run_seeds(configs, workdirs)`` does what ``loop.run(config, workdir)``
 does for each config, for configs that differ only in ``train.seed``: the S
 ``(model, optimizer)`` states (same graph) are stacked on a leading axis and
-trained by one ``jax.vmap`` of the train step (``step.seeds_train_step_fn``).
-Seed ``i`` starts from ``nnx.Rngs(seed_i)`` and trains on the data keys of its
-own run, so its metrics, checkpoints and results equal those of
+trained by one ``jax.vmap`` of the train step (``step.seeds_train_step_fn``)
+through the same step loop as a single run (:mod:`~posenc.training.steploop`).
+Seed ``i`` starts from ``nnx.Rngs(seed_i)`` and trains on the data keys of
+its own run, so its metrics, checkpoints and results equal those of
 ``loop.run`` up to float32 rounding (batched matmuls may sum in another
 order). Every run keeps its own workdir: config.json, train_log.jsonl,
 event files, checkpoints (a killed group resumes, as a group or run by run)
 and results.jsonl, each row with ``seeds_trained_together`` = S and
 ``train_seconds`` the wall time of the joint training.
 
-Divergence: a seed whose loss or gradient norm goes NaN / Inf at a check
-(log and checkpoint steps, as in ``loop.run``) gets no checkpoint after its
-last good one and is returned as its :class:`~posenc.training.loop.NonFiniteError`;
-it is dropped from the stack and the others go on (the step recompiles once
-for the smaller stack).
+A seed leaves the stack when it diverges (NaN / Inf at a boundary: no
+checkpoint after its last good one; returned as its
+:class:`~posenc.training.records.NonFiniteError`) or when it fits
+(``train.fit_accuracy``: it finishes with its own ``steps_to_fit``); the
+others go on (the step recompiles once for the smaller stack).
 
 Seeds that resume from different steps (e.g. one was run alone and killed)
 train in groups of equal start step; a group of one runs ``loop.run``. One
@@ -25,16 +26,13 @@ device only: several devices train with ``loop.run``'s data parallelism.
 Speed (docs/performance.md), on 2 CPU cores: the quick grid's model
 (batch 32, length 16, d_model 64) steps about 14% faster vmapped (3
 seeds) and a grid cell finishes 4-8% sooner; larger models (length 32
-and up, or d_model 256) step 5-45% slower. It costs one compile per stack
-size. Over long runs the seeds agree with their separate runs only as
-closely as float32 training trajectories do: the batched matmuls round
-differently, and the differences grow with the steps.
+and up, or d_model 256) step 5-45% slower.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import time
 
 import jax
@@ -42,10 +40,27 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from posenc.model import Decoder
-from posenc.training import loop, optim, results
+from posenc.training import finish as finish_lib
+from posenc.training import loop, records, results, setup, steploop
+from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
+
+
+@dataclasses.dataclass
+class SeedRun:
+    """One run of a seed group: its resolved config, workdir, model and bookkeeping."""
+
+    index: int  # position in the caller's lists
+    name: str | None
+    resolved: setup.Resolved
+    workdir: str
+    model: object = None
+    optimizer: object = None
+    book: records.RunLog | None = None
+    state: object = None  # its own (unstacked) state once it leaves the stack
+    result: object = None  # rows, a NonFiniteError, or None (stopped early)
+    steps_trained: int = 0
 
 
 def _without_seed(config) -> str:
@@ -80,106 +95,122 @@ def _take(tree, index):
 def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None = None) -> list:
     """``loop.run`` of each ``configs[i]`` in ``workdirs[i]``, the seeds trained together.
 
-    The configs must differ only in ``train.seed`` (ValueError otherwise).
-    Returns, per config, its results rows, None if stopped by
-    ``max_steps_this_run`` before the end, or the :class:`loop.NonFiniteError`
-    of a diverged seed (``loop.record_divergence`` turns it into rows).
+    The configs must differ only in ``train.seed`` (ValueError otherwise, before
+    any workdir is claimed). Returns, per config, its results rows, None if
+    stopped by ``max_steps_this_run`` before the end, or the
+    :class:`~posenc.training.records.NonFiniteError` of a diverged seed
+    (``finish.record_divergence`` turns it into rows).
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"got {len(configs)} configs and {len(workdirs)} workdirs")
-    _check(configs)  # before any workdir is claimed
+    resolved = [setup.resolve(c) for c in configs]  # every config validated before any claim
+    _check([r.config for r in resolved])
     names = list(names) if names is not None else [None] * len(configs)
-    out, runs, main = [], [], loop.is_main_process()
-    for i, (c, w, n) in enumerate(zip(configs, workdirs, names)):
-        c, task, h, w, done = loop.start_run(c, w, name=n)
+    main = loop.is_main_process()
+    out, runs = [], []
+    for i, (rv, w, n) in enumerate(zip(resolved, workdirs, names)):
+        done = setup.claim(rv, w, name=n, main=main)
         out.append(done)  # complete runs: their rows
         if done is None:
-            runs.append(dict(index=i, config=c, hash=h, workdir=w))
-    by_start = {}
+            runs.append(SeedRun(index=i, name=n, resolved=rv, workdir=w))
+    by_start, graphdef = {}, None
     for r in runs:
-        c = r["config"]
-        r["model"] = Decoder(c.model, rngs=nnx.Rngs(int(c.train.seed)))
-        r["optimizer"] = nnx.Optimizer(r["model"], optim.make_optimizer(c.train), wrt=nnx.Param)
-        graphdef, state = nnx.split((r["model"], r["optimizer"]))
-        r["book"] = loop.RunLog(c, r["workdir"], main=main)
-        r["state"] = r["book"].restore(state)
-        by_start.setdefault(r["book"].start, []).append(r)
+        r.model, r.optimizer, graphdef, state = loop.init_state(r.resolved)
+        r.book = records.RunLog(r.resolved.config, r.workdir, main=main)
+        r.state = r.book.restore(state)
+        by_start.setdefault(r.book.start, []).append(r)
     for start, group in sorted(by_start.items()):
         if len(group) == 1:  # nothing to share: the plain loop
-            r, i = group[0], group[0]["index"]
-            r["book"].close()
+            r = group[0]
+            r.book.close()
             try:
-                out[i] = loop.run(configs[i], workdirs[i], name=names[i], max_steps_this_run=max_steps_this_run)
-            except loop.NonFiniteError as e:
-                out[i] = e
+                out[r.index] = loop.run(configs[r.index], workdirs[r.index], name=r.name,
+                                        max_steps_this_run=max_steps_this_run)
+            except records.NonFiniteError as e:
+                out[r.index] = e
             continue
-        _train_group(group, graphdef, task, start, max_steps_this_run, main, out)
+        _train_group(group, graphdef, start, max_steps_this_run, main)
         for r in group:
-            if out[r["index"]] is not None or "train_seconds" not in r:  # diverged, or stopped early
-                continue
-            nnx.update((r["model"], r["optimizer"]), r["state"])
-            out[r["index"]] = loop.finish(
-                r["model"], task, r["config"], r["workdir"], h=r["hash"], name=names[r["index"]],
-                train_metrics=r["book"].last_metrics, train_seconds=r["train_seconds"],
-                seeds_trained_together=len(group))
+            if r.result is None and r.state is not None:
+                nnx.update((r.model, r.optimizer), r.state)
+                r.result = finish_lib.finish(r.model, r.resolved, r.workdir, name=r.name,
+                                             record=r.book.record, steps_trained=r.steps_trained,
+                                             seeds_trained_together=len(group))
+            out[r.index] = r.result
     return out
 
 
-def _train_group(group, graphdef, task, start, max_steps_this_run, main, out) -> None:
+class _GroupTrainer:
+    """The step loop's trainer of a seed group: one stacked state, runs leave it as they end."""
+
+    def __init__(self, group, graphdef, *, bar):
+        first = group[0].resolved
+        self.active, self.graphdef, self.bar = list(group), graphdef, bar
+        self.state = _stack([r.state for r in self.active])
+        for r in self.active:
+            r.state = None
+        self.roots = jnp.stack([loop.data_root(r.resolved.config) for r in self.active])
+        self.train_step = step_lib.seeds_train_step_fn(first.task, first.config)
+        self.stats = step_lib.seeds_stats_fn(first.task, first.config)
+        self.t0 = time.time()
+        self.seconds0 = {r.index: r.book.record.train_seconds for r in group}  # restored time
+
+    def step(self, t, stats):
+        t = jnp.int32(t)
+        extra = self.stats(self.graphdef, self.state, self.roots, t) if stats else {}
+        self.state, metrics = self.train_step(self.graphdef, self.state, self.roots, t)
+        return {**metrics, **extra}
+
+    def boundary(self, s, fetched, at):
+        keep = []
+        for j, r in enumerate(self.active):
+            try:
+                r.book.add([(k, {n: float(v[j]) for n, v in m.items()}) for k, m in fetched])
+            except records.NonFiniteError as e:
+                logging.warning("seed %d diverged: %s", int(r.resolved.config.train.seed), e)
+                r.result = e
+                continue
+            if at.log:
+                last = r.book.log(s)
+                if self.bar is not None and j == 0:
+                    self.bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
+            mine = _take(self.state, j)
+            fitted = at.fit and loop.check_fit(r.resolved, self.graphdef, mine, r.book.record.fit, s)
+            if at.checkpoint or fitted:
+                r.book.save(s, mine, self.seconds0[r.index] + time.time() - self.t0)
+            if fitted:
+                r.state, r.steps_trained = mine, s
+            else:
+                keep.append(j)
+        if len(keep) < len(self.active):
+            self.active = [self.active[j] for j in keep]
+            if self.active:
+                idx = jnp.asarray(keep)
+                self.state, self.roots = _take(self.state, idx), self.roots[idx]
+        return not self.active
+
+
+def _train_group(group, graphdef, start, max_steps_this_run, main) -> None:
     """Train the runs of ``group`` (equal start step) together; sets each run's final state."""
-    config = group[0]["config"]
+    config = group[0].resolved.config
     steps = int(config.train.steps)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
-    log_every, ckpt_every = int(config.train.log_every), int(config.train.checkpoint_every)
-    active = list(group)
-    state = _stack([r.pop("state") for r in active])
-    roots = jnp.stack([loop.data_root(r["config"]) for r in active])
-    train_step = step_lib.seeds_train_step_fn(task, config)
-    bar = loop._progress(steps, start, main and bool(config.train.progress) and end > start)
-    unchecked, t0 = [], time.time()
+    bar = progress_lib.progress(steps, start, main and bool(config.train.progress) and end > start)
+    trainer = _GroupTrainer(group, graphdef, bar=bar)
     logging.info("training seeds %s together (steps %d to %d)",
-                 [int(r["config"].train.seed) for r in active], start, end)
+                 [int(r.resolved.config.train.seed) for r in group], start, end)
     try:
-        for t in range(start, end):
-            state, metrics = train_step(graphdef, state, roots, jnp.int32(t))
-            s = t + 1
-            unchecked.append((s, metrics))
-            is_log, is_ckpt = loop.boundaries(s, steps=steps, end=end, log_every=log_every,
-                                              ckpt_every=ckpt_every)
-            if not (is_log or is_ckpt):
-                continue
-            fetched = jax.device_get(unchecked)
-            if bar is not None:
-                bar.update(len(unchecked))
-            unchecked, keep = [], []
-            for j, r in enumerate(active):
-                try:
-                    r["book"].add([(k, {n: float(v[j]) for n, v in m.items()}) for k, m in fetched])
-                    keep.append(j)
-                except loop.NonFiniteError as e:
-                    logging.warning("seed %d diverged: %s", int(r["config"].train.seed), e)
-                    out[r["index"]] = e
-            if len(keep) < len(active):
-                if not keep:
-                    return
-                active = [active[j] for j in keep]
-                keep = jnp.asarray(keep)
-                state, roots = _take(state, keep), roots[keep]
-            for j, r in enumerate(active):
-                if is_log:
-                    last = r["book"].log(s)
-                    if bar is not None and j == 0:
-                        bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
-                if is_ckpt:
-                    r["book"].save(s, _take(state, j), r["book"].seconds + time.time() - t0)
+        last = steploop.train(trainer, start=start, schedule=steploop.Schedule.of(config, end), bar=bar)
     finally:
         if bar is not None:
             bar.close()
         for r in group:
-            r["book"].close()
-    if end < steps:
-        logging.info("stopped after step %d of %d; rerun with the same workdirs to resume", end, steps)
+            r.book.close()
+    if last < steps and trainer.active:
+        logging.info("stopped after step %d of %d; rerun with the same workdirs to resume", last, steps)
+        for r in trainer.active:
+            r.result = None
+            r.state = None
         return
-    for j, r in enumerate(active):
-        r["state"] = _take(state, j)
-        r["train_seconds"] = r["book"].seconds + time.time() - t0
+    for j, r in enumerate(trainer.active):
+        r.state, r.steps_trained = _take(trainer.state, j), last

@@ -1,8 +1,9 @@
 """Comparison report: ``table.md`` and PNG plots of metric vs eval length.
 
 Rows are grouped per task by label (the run's ``variant`` if it has one,
-else the position kind, marked ``+randomized`` / ``@<eval overrides>``; plus the norm placement / kind when they vary in the
-task), and per eval length aggregated over seeds as mean ± std (population
+else the position kind, marked ``+randomized``; ``@<eval variant>`` for
+the rows of an evaluation variant; plus the norm placement / kind when they
+vary in the task), and per eval length aggregated over seeds as mean ± std (population
 std, 0 for one seed). Cells that are not applicable (e.g. a learned table
 past its rows) print ``n/a``, runs that diverged ``diverged`` (or ``[k
 diverged]`` after the mean of the other seeds); both are left out of the
@@ -28,8 +29,9 @@ def _label(row: dict, vary: set[str]) -> str:
     if row.get("variant"):
         parts = [row["variant"]]
     else:
-        parts = [row["position"] + ("+randomized" if row.get("randomized") else "")
-                 + (f"@{row['eval_position_overrides']}" if row.get("eval_position_overrides") else "")]
+        parts = [row["position"] + ("+randomized" if row.get("randomized") else "")]
+    if row.get("eval_variant"):
+        parts[0] += f"@{row['eval_variant']}"
     if "placement" in vary:
         parts.append(row["placement"])
     if "norm" in vary:

@@ -4,8 +4,8 @@ A row holds at least :data:`REQUIRED_FIELDS`. Metrics that do not apply
 (e.g. a learned table evaluated past its rows) are ``null`` and the row says
 why in ``not_applicable``. Files are replaced atomically (write a temporary
 file in the same directory, fsync, ``os.replace``): a killed writer leaves
-the previous file intact, and rows are keyed by ``(config_hash, eval_length)``
-so a rerun never duplicates them.
+the previous file intact, and rows are keyed by ``(config_hash,
+eval_variant, eval_length)`` so a rerun never duplicates them.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def make_row(**fields) -> dict:
 
 
 def row_key(row: dict) -> tuple:
-    return (row["config_hash"], row["eval_length"])
+    return (row["config_hash"], row.get("eval_variant"), row["eval_length"])
 
 
 def merge_rows(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:

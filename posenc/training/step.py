@@ -8,6 +8,14 @@ Python graph traversal per step. ``graphdef`` has no array leaves, so jit
 treats it as static. Jitted functions are cached per (task, shapes, train
 settings, mesh): runs in one process with equal shapes reuse the compiled step.
 
+The train step collects no diagnostics, so attention takes its fused path
+(``jax.nn.dot_product_attention``) wherever the encoding allows;
+:func:`stats_fn` is a separate forward pass over the same batch that
+returns them (max attention logit, attention entropy, output logit mean and
+log Z), called on logging steps only. After the optimizer update every
+encoding's :meth:`~posenc.model.Encoding.constrain` projects its parameters
+back into their domain.
+
 With a ``mesh`` (several devices, :mod:`posenc.training.sharding`) the
 generated batch and positions are constrained to ``P("data")`` and the new
 state to the shardings it came in with; without one the step is exactly
@@ -63,15 +71,29 @@ def positions_for(config, key, batch_size: int, length: int):
     """Positions fed to the model: None (0..L-1), or randomized (Ruoss et al. 2023).
 
     Randomized: ``length`` sorted distinct draws from
-    ``[0, randomized_max_position)`` per example, at training and at
-    evaluation alike (the model never sees the plain 0..L-1 layout).
+    ``[0, randomized_max_position)``, one draw for the whole batch
+    (``randomized_per="batch"``, as the reference code) or one per example
+    (``"example"``), at training and at evaluation alike (the model never
+    sees the plain 0..L-1 layout).
     """
     pos = config.model.position
     if not pos.randomized:
         return None
+    per_example = pos.get("randomized_per", "batch") == "example"
     return absolute.randomized_positions(
-        key, length, max_position=int(pos.randomized_max_position), batch_shape=(batch_size,)
+        key, length, max_position=int(pos.randomized_max_position),
+        batch_shape=(batch_size,) if per_example else (),
     )
+
+
+def _batch(task, config, key, batch_size, length, *, split, min_size=None):
+    """The batch and positions of ``key`` (one split of the key: data, then positions)."""
+    data_key, pos_key = jax.random.split(key)
+    if split == "train":
+        batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
+    else:
+        batch = task.batch(data_key, batch_size, length, split=split)
+    return batch, positions_for(config, pos_key, batch_size, length)
 
 
 def _task_key(config) -> str:
@@ -82,38 +104,40 @@ def _min_size(config):
     return int(config.task.min_size) or None
 
 
-def _train_key(config, mesh, fsdp, stats):
+def _train_key(config, mesh, fsdp):
     train, pos = config.train, config.model.position
     return (_task_key(config), int(train.batch_size), int(config.task.train_length),
             optim.settings_key(train), float(train.z_loss), bool(pos.randomized),
-            int(pos.randomized_max_position), mesh, fsdp and mesh is not None, bool(stats))
+            int(pos.randomized_max_position), pos.get("randomized_per", "batch"), mesh,
+            fsdp and mesh is not None)
 
 
-def _train_step(task, config, *, mesh=None, fsdp=False, stats=True):
+def _train_batch(task, config, key, mesh):
+    batch, positions = _batch(task, config, key, int(config.train.batch_size),
+                              int(config.task.train_length), split="train", min_size=_min_size(config))
+    if mesh is not None:
+        batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
+    return batch, positions
+
+
+def _train_step(task, config, *, mesh=None, fsdp=False):
     """The un-jitted ``step(graphdef, state, key) -> (state, metrics)``."""
     train = config.train
-    batch_size, length = int(train.batch_size), int(config.task.train_length)
-    min_size, z_weight = _min_size(config), float(train.z_loss)
+    z_weight = float(train.z_loss)
     schedule = optim.learning_rate_schedule(train)
 
     def step(graphdef, state, key):
         model, optimizer = nnx.merge(graphdef, state)
-        data_key, pos_key = jax.random.split(key)
-        batch = task.batch(data_key, batch_size, length, min_size=min_size, split="train")
-        positions = positions_for(config, pos_key, batch_size, length)
-        if mesh is not None:
-            batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
+        batch, positions = _train_batch(task, config, key, mesh)
         mgraph, params, rest = nnx.split(model, nnx.Param, ...)
 
         def loss_fn(params):
             m = nnx.merge(mgraph, params, rest)
-            out = m(batch["inputs"], positions, deterministic=False, return_stats=stats)
-            logits, model_stats = out if stats else (out, {})
+            logits = m(batch["inputs"], positions, deterministic=False)
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
             zl = (stability.z_loss(logits, weight=z_weight, mask=batch["mask"])
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
             total = metrics["loss"] + zl
-            metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in model_stats.items()})
             metrics.update(z_loss=zl, total_loss=total)
             return total, metrics
 
@@ -121,6 +145,7 @@ def _train_step(task, config, *, mesh=None, fsdp=False, stats=True):
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["lr"] = schedule(optimizer.step[...])
         optimizer.update(model, grads)
+        model.constrain()
         new_state = nnx.state((model, optimizer))
         if mesh is not None:
             new_state = sharding_lib.constrain_state(new_state, mesh, fsdp=fsdp)
@@ -129,27 +154,57 @@ def _train_step(task, config, *, mesh=None, fsdp=False, stats=True):
     return step
 
 
-def train_step_fn(task, config, *, mesh=None, stats=True):
+def _stats_step(task, config, *, mesh=None):
+    """The un-jitted ``stats(graphdef, state, key) -> model stats`` on the train batch of ``key``."""
+
+    def stats(graphdef, state, key):
+        model, _ = nnx.merge(graphdef, state)
+        batch, positions = _train_batch(task, config, key, mesh)
+        # deterministic=False: the same dropout masks would need the step's RNG state;
+        # statistics of the deterministic forward are what the diagnostics mean.
+        _, model_stats = model(batch["inputs"], positions, deterministic=True, return_stats=True)
+        return {k: jnp.asarray(v, jnp.float32) for k, v in model_stats.items()}
+
+    return stats
+
+
+def train_step_fn(task, config, *, mesh=None):
     """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
 
     ``state`` is the state of ``(model, optimizer)``; metrics (float32
     scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
-    lr, and with ``stats`` the model's stats (max_attention_logit,
-    attention_entropy, logit_mean, log_z). With ``mesh``, ``state`` and
-    ``key`` must already be placed on it (``sharding.shard_state``,
-    ``sharding.replicate``); ValueError if ``train.batch_size`` does not
-    divide over its devices.
+    lr. With ``mesh``, ``state`` and ``key`` must already be placed on it
+    (``sharding.shard_state``, ``sharding.replicate``); ValueError if
+    ``train.batch_size`` does not divide over its devices.
     """
     sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
     fsdp = sharding_lib.fsdp_enabled(config)
-    cache_key = ("train", *_train_key(config, mesh, fsdp, stats))
+    cache_key = ("train", *_train_key(config, mesh, fsdp))
     if cache_key not in _CACHE:
-        step = _train_step(task, config, mesh=mesh, fsdp=fsdp, stats=stats)
+        step = _train_step(task, config, mesh=mesh, fsdp=fsdp)
         _CACHE[cache_key] = jax.jit(step, donate_argnums=(1,))
     return _CACHE[cache_key]
 
 
-def seeds_train_step_fn(task, config, *, stats=True):
+def stats_fn(task, config, *, mesh=None):
+    """``stats(graphdef, state, key) -> dict`` of the model's diagnostics on step ``key``'s batch.
+
+    Same batch and parameters as ``train_step_fn(...)(graphdef, state, key)``
+    sees (call it first: the step donates ``state``): max_attention_logit,
+    attention_entropy, logit_mean, log_z (float32 scalars).
+    """
+    fsdp = sharding_lib.fsdp_enabled(config)
+    cache_key = ("stats", *_train_key(config, mesh, fsdp))
+    if cache_key not in _CACHE:
+        _CACHE[cache_key] = jax.jit(_stats_step(task, config, mesh=mesh))
+    return _CACHE[cache_key]
+
+
+def _seed_keys(roots, t):
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(roots, t)
+
+
+def seeds_train_step_fn(task, config):
     """``step(graphdef, states, roots, t) -> (states, metrics)``: the train step of S seeds at once.
 
     One device. ``states`` is S ``(model, optimizer)`` states of one graph
@@ -159,40 +214,58 @@ def seeds_train_step_fn(task, config, *, stats=True):
     of its own run; the step is :func:`train_step_fn`'s under ``jax.vmap``,
     so every metric gains a leading [S] axis.
     """
-    cache_key = ("seeds", *_train_key(config, None, False, stats))
+    cache_key = ("seeds", *_train_key(config, None, False))
     if cache_key not in _CACHE:
-        step = jax.vmap(_train_step(task, config, stats=stats), in_axes=(None, 0, 0))
-
-        def seeds_step(graphdef, states, roots, t):
-            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(roots, t)
-            return step(graphdef, states, keys)
-
-        _CACHE[cache_key] = jax.jit(seeds_step, donate_argnums=(1,))
+        step = jax.vmap(_train_step(task, config), in_axes=(None, 0, 0))
+        _CACHE[cache_key] = jax.jit(lambda g, states, roots, t: step(g, states, _seed_keys(roots, t)),
+                                    donate_argnums=(1,))
     return _CACHE[cache_key]
 
 
-def eval_step_fn(task, config, length: int, batch_size: int, *, per_position: bool = False,
-                 mesh=None):
-    """``step(graphdef, state, key) -> sums`` for the model's ``(graphdef, state)``.
+def seeds_stats_fn(task, config):
+    """``stats(graphdef, states, roots, t) -> dict`` of [S] diagnostics: :func:`stats_fn` vmapped."""
+    cache_key = ("seeds_stats", *_train_key(config, None, False))
+    if cache_key not in _CACHE:
+        stats = jax.vmap(_stats_step(task, config), in_axes=(None, 0, 0))
+        _CACHE[cache_key] = jax.jit(lambda g, states, roots, t: stats(g, states, _seed_keys(roots, t)))
+    return _CACHE[cache_key]
 
-    Returns summed statistics (so batches add up exactly): loss_sum,
+
+def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
+                 per_position: bool = False, mesh=None):
+    """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
+
+    The batch of ``key`` has ``batch_size`` examples; one call runs the model
+    on its rows ``[chunk * rows, (chunk + 1) * rows)`` only (``rows`` divides
+    ``batch_size``; default all), so evaluation memory follows ``rows *
+    length`` while the examples stay those of the whole batch. Returns summed
+    statistics (so chunks and batches add up exactly): loss_sum,
     correct_sum, mask_sum, exact_sum, examples; with ``per_position`` also
-    ``position_loss`` [L] and ``position_mask`` [L] (sums over the batch).
-    With ``mesh`` the batch is sharded over its devices (ValueError if
-    ``batch_size`` does not divide over them).
+    ``position_loss`` [L] and ``position_mask`` [L] (sums over the rows).
+    With ``mesh`` the rows are sharded over its devices (ValueError if
+    ``rows`` does not divide over them).
     """
     pos = config.model.position
-    sharding_lib.check_batch_size(int(batch_size), mesh, name="eval.batch_size")
-    cache_key = ("eval", _task_key(config), int(length), int(batch_size), bool(per_position),
-           bool(pos.randomized), int(pos.randomized_max_position), mesh)
+    rows = int(batch_size if rows is None else rows)
+    if batch_size % rows:
+        raise ValueError(f"rows {rows} must divide the eval batch size {batch_size}")
+    sharding_lib.check_batch_size(rows, mesh, name="eval rows per step")
+    cache_key = ("eval", _task_key(config), int(length), int(batch_size), rows, bool(per_position),
+                 bool(pos.randomized), int(pos.randomized_max_position),
+                 pos.get("randomized_per", "batch"), mesh)
     if cache_key in _CACHE:
         return _CACHE[cache_key]
 
-    def step(graphdef, state, key):
+    def step(graphdef, state, key, chunk):
         model = nnx.merge(graphdef, state)
-        data_key, pos_key = jax.random.split(key)
-        batch = task.batch(data_key, batch_size, length, split="eval")
-        positions = positions_for(config, pos_key, batch_size, length)
+        batch, positions = _batch(task, config, key, batch_size, length, split="eval")
+        if rows < batch_size:
+            def take(x):
+                return jax.lax.dynamic_slice_in_dim(x, chunk * rows, rows, axis=0)
+
+            batch = jax.tree.map(take, batch)
+            if positions is not None and positions.ndim == 2:
+                positions = take(positions)
         if mesh is not None:
             batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
         logits = model(batch["inputs"], positions, deterministic=True)

@@ -1,0 +1,102 @@
+"""The results of a run: evaluate the trained model, build its rows, merge them into results.jsonl.
+
+One row per (evaluation variant, eval length), with the run's identity
+(task, position kind and options, norm, placement, seed, lengths), its
+training (steps, fit, timings) and the metrics; see
+:data:`posenc.training.results.REQUIRED_FIELDS`. A diverged run gets rows
+too (metrics null, ``diverged_at_step``), so grids count it as a result.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+from absl import logging
+
+import posenc
+from posenc.training import evaluate as evaluate_lib
+from posenc.training import records, results
+
+_main = lambda: jax.process_index() == 0  # noqa: E731  (only process 0 writes files)
+
+
+def _identity(resolved, name: str | None, workdir: str) -> dict:
+    config, spec = resolved.config, resolved.spec
+    pos, norm = config.model.position, config.model.norm
+    return dict(
+        name=name or os.path.basename(os.path.abspath(workdir)), task=config.task.name,
+        position=pos.kind, position_options={k: dict(v) for k, v in spec.position.options.items()},
+        layer_kinds=list(spec.position.layer_kinds), randomized=bool(pos.randomized),
+        norm=norm.kind, placement=norm.placement, qk_norm=norm.qk_norm,
+        seed=int(config.train.seed), train_length=int(config.task.train_length),
+        steps=int(config.train.steps), config_hash=resolved.hash,
+        jax_version=jax.__version__, posenc_version=posenc.__version__,
+        task_metadata=resolved.task.metadata())
+
+
+def _fmt(v):
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def write_rows(workdir: str, rows: list[dict]) -> None:
+    """Merge ``rows`` into ``workdir/results.jsonl`` (atomically; process 0 only)."""
+    path = os.path.join(workdir, "results.jsonl")
+    if _main():
+        results.write_jsonl(path, results.merge_rows(results.read_jsonl(path), rows))
+
+
+def finish(model, resolved, workdir: str, *, name: str | None, record: records.CheckpointRecord,
+           steps_trained: int, mesh=None, **extra) -> list[dict]:
+    """Evaluate the trained ``model`` at every eval length (and variant) and write its rows.
+
+    ``record``: the run's last checkpoint record (train metrics, seconds, fit
+    state); ``extra`` fields are added to every row.
+    """
+    config = resolved.config
+    t1 = time.time()
+    evals = evaluate_lib.evaluate(model, resolved, mesh=mesh)
+    eval_seconds = time.time() - t1
+    fit = record.fit
+    fitting = float(config.train.fit_accuracy) > 0
+    train_seconds = record.train_seconds
+    rows, writer = [], records.tensorboard_writer(config, workdir) if _main() else None
+    for ev in evals:
+        rows.append(results.make_row(
+            **_identity(resolved, name, workdir), steps_trained=int(steps_trained),
+            fitted=bool(fit.fitted) if fitting else None,
+            steps_to_fit=fit.steps_to_fit if fitting else None,
+            fit_accuracy=fit.accuracy if fitting else None,
+            train_loss=record.metrics.get("loss"), train_accuracy=record.metrics.get("accuracy"),
+            train_seconds=train_seconds, eval_seconds=eval_seconds,
+            wall_time=train_seconds + eval_seconds, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra, **ev))
+        if writer is not None and ev.get("eval_variant") is None:
+            for k in results.METRICS:
+                if ev[k] is not None:
+                    writer.add_scalar(f"eval/{k}", ev[k], ev["eval_length"])
+    if writer is not None:
+        writer.close()
+    write_rows(workdir, rows)
+    for r in rows if _main() else ():
+        logging.info("eval length %d%s: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
+                     f" ({r['eval_variant']})" if r["eval_variant"] else "", _fmt(r["loss"]),
+                     _fmt(r["accuracy"]), _fmt(r["exact_match"]))
+    return rows
+
+
+def record_divergence(resolved, workdir: str, error: records.NonFiniteError, *,
+                      name: str | None = None) -> list[dict]:
+    """Write (and return) rows marking the run as diverged: metrics null, ``diverged_at_step``.
+
+    For grids where divergence is a result (e.g. norm placements at high
+    learning rates): the run then counts as complete and is not retrained.
+    """
+    rows = [results.make_row(
+        **_identity(resolved, name, workdir), eval_variant=v, eval_length=int(n),
+        loss=None, accuracy=None, exact_match=None, diverged_at_step=int(error.step),
+        not_applicable=f"training diverged: {error}")
+        for v in (None, *resolved.eval_variants) for n in resolved.config.eval.lengths]
+    write_rows(workdir, rows)
+    return rows

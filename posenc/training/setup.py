@@ -1,0 +1,225 @@
+"""The boundary of a run: validate a config once, resolve what the task decides, claim a workdir.
+
+:func:`resolve` is the one validation of an experiment config (task, model,
+train, eval, mesh, evaluation variants). It runs before anything is
+compiled or any workdir is claimed and raises :class:`ConfigError` (a
+ValueError) naming the field, the bad value and the allowed values. What it
+returns is trusted downstream: nothing validates again.
+
+The resolved config is canonical: plain values (tuples, not lists),
+``model.vocab_size`` from the task, and only the encoding sections in use
+(``model.position.<kind>`` for the kinds the layers use), so its hash does
+not change when an unrelated encoding is added to the library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+from absl import logging
+
+from posenc import checks
+from posenc import tasks as tasks_lib
+from posenc.model import ModelSpec
+from posenc.model import encoding as encoding_lib
+from posenc.training import optim, overrides, results
+
+
+class ConfigError(ValueError):
+    """A config field has a bad value (the message names the field and what is allowed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A validated run: its canonical config, the model spec, the task and the config hash."""
+
+    config: ml_collections.ConfigDict
+    spec: ModelSpec
+    task: object
+    hash: str
+    eval_variants: dict  # name -> (config, ModelSpec) of each evaluation variant
+
+    @property
+    def name(self) -> str:
+        return self.config.get("name") or ""
+
+
+def _tuples(x):
+    if isinstance(x, list):
+        return tuple(_tuples(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _tuples(v) for k, v in x.items()}
+    return x
+
+
+def plain_copy(config) -> ml_collections.ConfigDict:
+    """An unlocked deep copy of ``config`` with JSON-plain values (lists become tuples)."""
+    d = json.loads(results.canonical_json(config.to_dict() if hasattr(config, "to_dict") else config))
+    return ml_collections.ConfigDict(_tuples(d), allow_dotted_keys=True)
+
+
+def make_task(config):
+    """The task of ``config.task`` (name, seed, options)."""
+    return tasks_lib.make(config.task.name, seed=int(config.task.seed), **config.task.options.to_dict())
+
+
+def _positive(name, value):
+    return checks.integer(name, value, minimum=1)
+
+
+def _check_train(train) -> None:
+    for f in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints"):
+        _positive(f"train.{f}", train[f])
+    checks.integer("train.seed", train.seed, minimum=0)
+    optim.learning_rate_schedule(train)  # steps, warmup range, learning rate
+    checks.number("train.min_lr_ratio", train.min_lr_ratio, minimum=0.0, maximum=1.0)
+    for f in ("weight_decay", "clip_norm", "z_loss"):
+        checks.number(f"train.{f}", train[f], minimum=0.0)
+    for f in ("b1", "b2"):
+        checks.number(f"train.{f}", train[f], minimum=0.0, below=1.0)
+    checks.number("train.eps", train.eps, positive=True)
+    checks.number("train.fit_accuracy", train.fit_accuracy, minimum=0.0, maximum=1.0)
+    _positive("train.fit_check_every", train.fit_check_every)
+    for f in ("tensorboard", "progress"):
+        checks.boolean(f"train.{f}", train[f])
+
+
+def _check_eval(ev) -> None:
+    lengths = tuple(ev.lengths) if isinstance(ev.lengths, (tuple, list)) else ev.lengths
+    if not isinstance(lengths, tuple) or not lengths or not all(
+            checks.is_int(n) and n >= 1 for n in lengths):
+        raise ValueError(f"eval.lengths must be a non-empty tuple of positive integers, got {lengths!r}")
+    for f in ("batch_size", "num_batches", "position_buckets"):
+        _positive(f"eval.{f}", ev[f])
+    checks.integer("eval.seed", ev.seed, minimum=0)
+    checks.integer("eval.max_tokens_per_step", ev.max_tokens_per_step, minimum=0)
+
+
+def _check_mesh(mesh) -> None:
+    if mesh is None:
+        return
+    data = mesh.get("data", -1)
+    if not checks.is_int(data) or not (data == -1 or data >= 1):
+        raise ValueError(f"mesh.data must be -1 (all devices) or a positive integer, got {data!r}")
+    checks.boolean("mesh.fsdp", mesh.get("fsdp", False))
+
+
+def _prune_sections(config, spec: ModelSpec) -> None:
+    pos = config.model.position
+    for name in list(pos.keys()):
+        if name in encoding_lib.ENCODINGS and name not in spec.position.kinds:
+            del pos[name]
+
+
+def _model_spec(config, where: str) -> ModelSpec:
+    spec = ModelSpec.from_config(config.model, train_length=int(config.task.train_length))
+    train_length = int(config.task.train_length)
+    for kind in spec.position.kinds:
+        limit = encoding_lib.get(kind).longest_sequence(spec.position.options[kind])
+        if limit is not None and limit < train_length:
+            raise ValueError(f"{where}model.position.{kind} can represent {limit} positions, fewer "
+                             f"than task.train_length={train_length}: it needs a row per position")
+    pos = spec.position
+    if pos.randomized and pos.randomized_max_position < train_length:
+        raise ValueError(f"{where}model.position.randomized_max_position={pos.randomized_max_position} "
+                         f"must be >= task.train_length={train_length}")
+    return spec
+
+
+def _resolve(config) -> Resolved:
+    config = plain_copy(config)
+    if config.task.name not in tasks_lib.TASKS:
+        raise ValueError(f"unknown task {config.task.name!r}; choose one of: {', '.join(tasks_lib.TASKS)}")
+    _positive("task.train_length", config.task.train_length)
+    checks.integer("task.min_size", config.task.min_size, minimum=0)
+    _check_train(config.train)
+    _check_eval(config.eval)
+    _check_mesh(config.get("mesh"))
+    task = make_task(config)
+    largest = task.max_size(int(config.task.train_length))
+    if config.task.min_size > largest:
+        raise ValueError(f"task.min_size={config.task.min_size} exceeds the largest problem size "
+                         f"{largest} at task.train_length={config.task.train_length}")
+    config.model.vocab_size = int(task.vocab_size)
+    spec = _model_spec(config, "")
+    variants = {}
+    for name, fields in overrides.as_dict(config.eval.variants).items():
+        fields = overrides.as_dict(fields)
+        bad = [f for f in fields if not f.startswith("model.")]
+        if bad:
+            raise ValueError(f"eval.variants.{name}: an evaluation variant changes model.* fields "
+                             f"(the trained parameters stay); got {bad[0]!r}")
+        vc = plain_copy(config)
+        overrides.apply(vc, fields, where=f"eval.variants.{name}")
+        vspec = _model_spec(vc, f"eval.variants.{name}: ")
+        if vspec.position.layer_kinds != spec.position.layer_kinds or vspec.position.kind != spec.position.kind:
+            raise ValueError(f"eval.variants.{name}: an evaluation variant cannot change the position "
+                             "kinds (the trained parameters belong to them); change their options")
+        _prune_sections(vc, vspec)
+        variants[name] = (vc, vspec)
+    _prune_sections(config, spec)
+    return Resolved(config=config, spec=spec, task=task, hash=results.config_hash(config),
+                    eval_variants=variants)
+
+
+def resolve(config) -> Resolved:
+    """Validate ``config`` (everything, once) and resolve it; :class:`ConfigError` on a bad field.
+
+    A :class:`Resolved` is returned as it is (already validated).
+    """
+    if isinstance(config, Resolved):
+        return config
+    try:
+        return _resolve(config)
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, AttributeError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise ConfigError(message) from None
+
+
+def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bool = True):
+    """Claim ``workdir`` for ``resolved``: write config.json; return its complete rows or None.
+
+    ValueError if the workdir holds a run of another config.
+    """
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    config_path = os.path.join(workdir, "config.json")
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            old = json.load(f).get("config_hash")
+        if old != resolved.hash:
+            raise ValueError(f"{workdir} holds a run with a different config (hash {str(old)[:12]}..., "
+                             f"this config {resolved.hash[:12]}...); use a new --workdir or remove the old one")
+    if main:
+        results.write_json(config_path, {"config": resolved.config.to_dict(), "config_hash": resolved.hash})
+    done = complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
+    if done is not None:
+        logging.info("run %s is already complete (%d steps); results in %s", name or workdir,
+                     resolved.config.train.steps, os.path.join(workdir, "results.jsonl"))
+    return done
+
+
+def expected_keys(resolved: Resolved) -> set:
+    """The (eval_variant, eval_length) of every row a complete run of ``resolved`` has."""
+    lengths = tuple(resolved.config.eval.lengths)
+    return {(v, n) for v in (None, *resolved.eval_variants) for n in lengths}
+
+
+def complete_rows(rows, resolved: Resolved):
+    """The rows of ``resolved`` among ``rows`` if every expected one is there, else None."""
+    mine = [r for r in rows if r.get("config_hash") == resolved.hash]
+    have = {(r.get("eval_variant"), r["eval_length"]) for r in mine}
+    if any(r.get("diverged_at_step") is not None for r in mine):
+        return mine  # a diverged run is a finished result
+    return mine if have >= expected_keys(resolved) else None
+
+
+def completed_rows(config, workdir: str):
+    """The results rows of ``config`` in ``workdir`` if the run is complete, else None."""
+    resolved = resolve(config)
+    return complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
