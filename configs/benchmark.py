@@ -19,6 +19,9 @@ GELU MLP x4, untied head, random-token language modelling):
 
 Timings on a shared 2-core machine are noisy: compare ratios from one run,
 take the median of ``bench.rounds`` (``--config.bench.rounds=3``).
+``--config.bench.stats_ab=True`` times the train step with diagnostics inside
+its forward (every step) against the current one (none; a separate pass on
+logging steps), interleaved in one process.
 """
 
 from __future__ import annotations
@@ -57,5 +60,9 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
         eval_lengths=(2048, 8192, 16384, 65536) if case == "long" else (),
         peer_eval_lengths=(8192,) if case == "long" else (),
         eval_repeats=1,  # timed forward passes per eval length (median), after the compile
+        # True: also time the train step that collects diagnostics in its own forward (every
+        # step, as before they moved to a separate pass on logging steps), interleaved with the
+        # current step in this process; rows "stats_in_step" and their ratio
+        stats_ab=False,
     ))
     return c

@@ -153,6 +153,76 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
                    load_1min=round(os.getloadavg()[0], 2))
 
 
+def _stats_in_step(task, config):
+    """The train step as it was before diagnostics left the hot path: the loss forward returns
+    them (return_stats=True), which rules out the fused attention path on every step. Measurement
+    only: the library's step (posenc.training.step) collects no diagnostics."""
+    import jax
+    import optax
+    from flax import nnx
+
+    from posenc.training import optim
+    from posenc.training import step as step_lib
+
+    schedule = optim.learning_rate_schedule(config.train)
+
+    def step(graphdef, state, key):
+        model, optimizer = nnx.merge(graphdef, state)
+        batch, positions = step_lib._train_batch(task, config, key, None)
+        mgraph, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss_fn(params):
+            logits, stats = nnx.merge(mgraph, params, rest)(batch["inputs"], positions,
+                                                            deterministic=False, return_stats=True)
+            metrics = step_lib.masked_metrics(logits, batch["targets"], batch["mask"])
+            return metrics["loss"], {**metrics, **stats}
+
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["lr"] = schedule(optimizer.step[...])
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), metrics
+
+    return jax.jit(step, donate_argnums=(1,))
+
+
+def bench_stats_ab(config, position: str, rounds: int):
+    """Median step time of the current step and of the stats-in-step one, interleaved step by step."""
+    import jax
+    from flax import nnx
+
+    from posenc.training import optim
+    from posenc.training import step as step_lib
+
+    c = _config_for(config, position)
+    task = RandomTokens(int(c.model.vocab_size))
+    fns = {"current": step_lib.train_step_fn(task, c), "stats_in_step": _stats_in_step(task, c)}
+    states = {}
+    for name in fns:
+        model = _build(c)
+        optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
+        graphdef, states[name] = nnx.split((model, optimizer))
+    key = jax.random.key(0)
+    for name, fn in fns.items():  # compile
+        states[name], m = fn(graphdef, states[name], key)
+        jax.block_until_ready(m)
+    times = {name: [] for name in fns}
+    i = 0
+    for _ in range(rounds * (int(c.bench.warmup) + int(c.bench.steps))):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            states[name], m = fn(graphdef, states[name], jax.random.fold_in(key, i))
+            jax.block_until_ready(m)
+            times[name].append(time.perf_counter() - t)
+        i += 1
+    med = {n: statistics.median(v[int(c.bench.warmup):]) for n, v in times.items()}
+    return dict(case=c.bench.case, position=position, measure="train step: diagnostics in the step vs not",
+                step_s_current=round(med["current"], 5), step_s_stats_in_step=round(med["stats_in_step"], 5),
+                ratio_stats_in_step_over_current=round(med["stats_in_step"] / med["current"], 3),
+                steps_each=len(times["current"]) - int(c.bench.warmup),
+                load_1min=round(os.getloadavg()[0], 2))
+
+
 def bench_eval(config, position: str, length: int) -> dict:
     import jax
     import jax.numpy as jnp
@@ -231,6 +301,10 @@ def main(argv):
         return
     positions = list(_ONLY.value) or list(config.bench.positions)
     case = config.bench.case
+    if config.bench.stats_ab:
+        for position in positions:
+            _emit(bench_stats_ab(config, position, int(config.bench.rounds)))
+        return
     if config.bench.train:
         peak = matmul_peak_flops_per_s()
         step_s = {}
