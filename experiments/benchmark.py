@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py:R", "benchmark case", lock_config=True)

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from posenc import checks
+
 LAYOUTS = ("interleaved", "concat")
 
 
@@ -47,7 +49,7 @@ def _is_concrete(x) -> bool:
 
 
 def _check_dim(dim, name: str = "dim") -> int:
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 2 or dim % 2:
+    if not checks.is_int(dim) or dim < 2 or dim % 2:
         raise ValueError(f"{name} must be a positive even integer, got {dim!r}")
     return int(dim)
 
@@ -129,8 +131,7 @@ def randomized_positions(key, length: int, *, max_position: int, batch_shape=())
     Shapes: -> int32 [*batch_shape, length], one independent draw per batch entry.
     """
     for name, value in (("length", length), ("max_position", max_position)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        checks.integer(name, value, minimum=0)
     if length > max_position:
         raise ValueError(
             f"cannot draw {length} distinct positions from [0, {max_position}); "

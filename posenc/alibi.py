@@ -11,15 +11,13 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from posenc import checks
 from posenc.absolute import relative_distances
 
 
 def _check_num_heads(num_heads) -> int:
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    return int(num_heads)
+    return checks.integer("num_heads", num_heads, minimum=1)
 
 
 def _power_of_two_slopes(n: int) -> list[float]:

@@ -23,8 +23,15 @@ def is_int(value) -> bool:
 
 
 def is_real(value) -> bool:
-    """True for Python / NumPy real numbers (ints included), never for bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """True for Python / NumPy real numbers (ints included) and concrete 0-d real arrays, never for bool."""
+    if isinstance(value, (bool,)) or type(value).__name__ == "bool_":
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    # a concrete 0-d NumPy / JAX array of a real dtype (traced values are never inspected)
+    dtype = getattr(value, "dtype", None)
+    return (getattr(value, "ndim", None) == 0 and dtype is not None and dtype.kind in "iuf"
+            and not type(value).__name__.endswith("Tracer"))
 
 
 def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -52,7 +59,9 @@ def number(name: str, value, *, positive: bool = False, minimum: float | None = 
     ``positive``: > 0; ``minimum`` / ``maximum``: inclusive bounds; ``below``:
     exclusive upper bound.
     """
-    ok = is_real(value) and math.isfinite(value)
+    ok = is_real(value) and math.isfinite(float(value))
+    if ok:
+        value = float(value)
     if ok and positive and not value > 0:
         ok = False
     if ok and minimum is not None and value < minimum:

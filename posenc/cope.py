@@ -26,7 +26,8 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from posenc import checks
 
 _BLOCK = 16  # keys per block of the cumulative sum; 8-32 all beat lax.cumsum on CPU
 _MAX_FLAT = 2**31  # tables this large take the take_along_axis path (int32 flat indices)
@@ -74,8 +75,7 @@ def positions(gate_logits, *, npos: int, causal: bool = True) -> jax.Array:
 
     Shapes: gate_logits [..., H, Lq, Lk] -> float32 [..., H, Lq, Lk].
     """
-    if isinstance(npos, bool) or not isinstance(npos, (int, np.integer)) or npos < 1:
-        raise ValueError(f"npos must be a positive integer, got {npos!r}")
+    checks.integer("npos", npos, minimum=1)
     g = jnp.asarray(gate_logits)
     if g.ndim < 2:
         raise ValueError(f"gate_logits must have shape [..., Lq, Lk], got {g.shape}")

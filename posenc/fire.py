@@ -49,8 +49,7 @@ def init_params(key, num_heads: int, *, hidden: int = 32, c: float = 0.1, thresh
     (not the reference parameterisation; kept so existing callers work).
     """
     for name, value in (("num_heads", num_heads), ("hidden", hidden)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        checks.integer(name, value, minimum=1)
     k1, k2, k3, k4 = jax.random.split(key, 4)
     bound2 = 1.0 / np.sqrt(hidden)
 

@@ -12,9 +12,8 @@ former name ``nope_temperature``.
 
 from __future__ import annotations
 
-import numpy as np
 
-from posenc import logit_scale
+from posenc import checks, logit_scale
 
 # The former name: the temperature now lives with the other length-aware logit scalings.
 nope_temperature = logit_scale.temperature
@@ -29,8 +28,7 @@ def layer_kinds(num_layers: int, *, nope_every: int = 4, rope_kind: str = "rope"
     or num_layers < 0.
     """
     for name, value in (("num_layers", num_layers), ("nope_every", nope_every)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
+        checks.integer(name, value)
     if num_layers < 0:
         raise ValueError(f"num_layers must be >= 0, got {num_layers}")
     if nope_every < 1:

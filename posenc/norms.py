@@ -36,14 +36,7 @@ def _check_eps(eps, name: str = "eps") -> None:
 
 
 def _positive(name: str, value) -> float:
-    """``float(value)``, or ValueError unless it is a finite number > 0."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number; got {value!r}") from None
-    if not (v > 0.0 and math.isfinite(v)):
-        raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
-    return v
+    return checks.number(name, value, positive=True)
 
 
 def _check_vector(name: str, p, x) -> None:
@@ -214,8 +207,7 @@ def deepnorm_constants(num_layers):
     Returns:
       ``(alpha, beta)`` as Python floats.
     """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be an integer >= 1; got {num_layers!r}")
+    num_layers = checks.integer("num_layers", num_layers, minimum=1)
     return (2.0 * num_layers) ** 0.25, (8.0 * num_layers) ** -0.25
 
 

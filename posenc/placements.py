@@ -127,8 +127,7 @@ def num_post_layers(num_layers, *, mixln_fraction=0.25):
     of 24 layers). A 1e-9 slack keeps float products such as 0.29 * 100 from
     rounding down a whole layer.
     """
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers must be an integer >= 1; got {num_layers!r}")
+    checks.integer("num_layers", num_layers, minimum=1)
     f = _check_fraction(mixln_fraction)
     return min(num_layers, math.floor(f * num_layers + 1e-9))
 

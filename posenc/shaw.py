@@ -19,13 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from posenc import checks
 from posenc.absolute import relative_distances
 
 
 def _check_max_distance(max_distance) -> int:
-    if isinstance(max_distance, bool) or not isinstance(max_distance, (int, np.integer)) or max_distance < 1:
-        raise ValueError(f"max_distance must be a positive integer, got {max_distance!r}")
-    return int(max_distance)
+    return checks.integer("max_distance", max_distance, minimum=1)
 
 
 def _check_table(name: str, table, max_distance: int, head_dim: int) -> jax.Array:

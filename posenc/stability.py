@@ -172,8 +172,7 @@ def embed_scale(dim, dtype):
     Gemma casts the normaliser to the activation dtype, so in bf16
     ``sqrt(3072) = 55.43`` becomes 55.5.
     """
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be an integer >= 1; got {dim!r}")
+    checks.integer("dim", dim, minimum=1)
     return jnp.asarray(math.sqrt(dim), dtype)
 
 

@@ -15,19 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from posenc import checks
 from posenc.absolute import relative_distances
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _check_buckets(bidirectional: bool, num_buckets, max_distance) -> tuple[int, int]:
     """Return (buckets per direction, exact buckets) after validating the hyper-parameters."""
-    num_buckets = _check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
-    max_distance = _check_int("max_distance", max_distance, 1)
+    num_buckets = checks.integer("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
+    max_distance = checks.integer("max_distance", max_distance, minimum=1)
     if bidirectional and num_buckets % 2:
         raise ValueError(f"num_buckets must be even when bidirectional, got {num_buckets}")
     nb = num_buckets // 2 if bidirectional else num_buckets

@@ -42,7 +42,7 @@ def test_slopes_match_official_for_1_to_64():
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "8"])
 def test_slopes_bad_num_heads(bad):
-    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+    with pytest.raises(ValueError, match="num_heads must be an integer >= 1; got"):
         alibi.slopes(bad)
 
 

@@ -13,7 +13,6 @@ from flax import nnx
 
 import helpers
 from posenc.model.attention import attention, dense_attention
-from posenc.model.config import model_config
 
 B, L, H, K, DH, BLOCK = 2, 13, 4, 2, 8, 4  # L not a multiple of BLOCK; GQA 4 heads / 2 kv heads
 

@@ -110,7 +110,7 @@ def test_jit_vmap_grad():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="npos must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="npos must be an integer >= 1; got 0"):
         cope.positions(jnp.zeros((2, 2)), npos=0)
     with pytest.raises(ValueError, match=r"embeddings must have shape \[npos, Dh\] with Dh = 4"):
         cope.logits(Q, K, E[:, :3])

@@ -316,7 +316,7 @@ def test_fire_errors():
         fire.bias(QP, KP, dict(params, threshold=jnp.float32(1.0)))
     with pytest.raises(ValueError, match=r"bad FIRE param shapes: .*w2 \(3, 2\)"):
         fire.bias(QP, KP, dict(params, w2=jnp.ones((3, 2))))
-    with pytest.raises(ValueError, match="num_heads must be a positive integer, got -1"):
+    with pytest.raises(ValueError, match="num_heads must be an integer >= 1; got -1"):
         fire.init_params(jax.random.key(0), -1)
     with pytest.raises(ValueError, match="integer array"):
         fire.bias(QP * 1.0, KP, params)

@@ -91,7 +91,7 @@ def _train_steps(config, steps):
 
 def _restore(config, directory):
     """The newest checkpoint in ``directory`` restored into this process's (sharded) state."""
-    from posenc.training import loop, sharding
+    from posenc.training import sharding
     from posenc.training.checkpoint import Checkpointer
 
     from posenc.training import setup

@@ -5,7 +5,6 @@ import importlib.util
 import os
 import sys
 
-import jax
 import numpy as np
 import pytest
 

@@ -95,7 +95,7 @@ def test_jit_vmap_grad():
 
 @pytest.mark.parametrize("k", [0, -1, 1.5])
 def test_bad_max_distance(k):
-    with pytest.raises(ValueError, match="max_distance must be a positive integer"):
+    with pytest.raises(ValueError, match="max_distance must be an integer >= 1; got"):
         shaw.relative_index(QP, KP, max_distance=k)
 
 

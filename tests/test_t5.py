@@ -95,10 +95,10 @@ def test_zero_distance_no_nan_or_garbage():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(bidirectional=False, num_buckets=1), "num_buckets must be an integer >= 2, got 1"),
-        (dict(bidirectional=True, num_buckets=2), "num_buckets must be an integer >= 4, got 2"),
+        (dict(bidirectional=False, num_buckets=1), "num_buckets must be an integer >= 2; got 1"),
+        (dict(bidirectional=True, num_buckets=2), "num_buckets must be an integer >= 4; got 2"),
         (dict(bidirectional=True, num_buckets=31), "num_buckets must be even when bidirectional, got 31"),
-        (dict(bidirectional=False, max_distance=0), "max_distance must be an integer >= 1, got 0"),
+        (dict(bidirectional=False, max_distance=0), "max_distance must be an integer >= 1; got 0"),
         (dict(bidirectional=False, num_buckets=32, max_distance=16), "max_distance must exceed the 16 exact buckets"),
     ],
 )
