@@ -444,4 +444,5 @@ def _is_default(value, default) -> bool:
         return isinstance(value, (bool, np.bool_)) and bool(value) == default
     if isinstance(default, str):
         return isinstance(value, str) and value == default
-    return checks.is_real(value) and value == default
+    # Python / NumPy scalars only: an array (a jax scalar, possibly traced) is always "given".
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == default
