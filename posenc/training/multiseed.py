@@ -124,7 +124,7 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
             r = group[0]
             r.book.close()
             try:
-                out[r.index] = loop.run(configs[r.index], workdirs[r.index], name=r.name,
+                out[r.index] = loop.run(r.resolved, workdirs[r.index], name=r.name,
                                         max_steps_this_run=max_steps_this_run)
             except records.NonFiniteError as e:
                 out[r.index] = e
