@@ -29,6 +29,10 @@ training). Example window (length 8)::
     targets  m p o r t   o s
     mask     1 1 1 1 1 1 1 1
 
+Evaluation uses ``sequential_batch`` instead: consecutive non-overlapping
+windows from the start of the split (window ``w`` holds tokens ``[w L, (w
++ 1) L]``), the same held-out tokens for every run.
+
 Where the windows come from: a corpus of at most ``device_limit`` bytes
 (default 256 MiB; the 8 MB stdlib corpus is far below) is copied to the
 device once, when the first task on it is made, and ``batch`` slices it
@@ -153,6 +157,38 @@ class Text(Registered):
             key = jax.random.fold_in(key, self.seed)
         return self._windows_jit(key, batch_size, length, split)
 
+    def num_windows(self, length: int, split: str = "eval") -> int:
+        """Whole consecutive windows of ``length`` predicted tokens in the split: ``(N - 1) // length``."""
+        return (self.corpus.data[check_split(split)].size - 1) // self._check_length(length)
+
+    def sequential_batch(self, index, batch_size: int, length: int, *, split: str = "eval") -> dict:
+        """Batch ``index`` of the split's consecutive non-overlapping windows, from its first token.
+
+        Row ``r`` is window ``w = index * batch_size + r``: tokens ``[w L, (w + 1) L]``
+        (``L + 1`` tokens; ``inputs = w[:-1]``, ``targets = w[1:]``), so the
+        targets of windows 0, 1, 2, ... tile the split with no overlap and no
+        gap (the non-overlapping evaluation of Press et al. 2022). Rows past
+        the last whole window (``w >= num_windows(L, split)``) repeat window 0
+        with mask 0. No key: the same windows for every run and task seed;
+        ``index`` may be traced.
+        """
+        batch_size = check_int("batch_size", batch_size, minimum=1)
+        count = self.num_windows(length, split)
+        if count < 1:
+            raise ValueError(f"length {length} needs windows of {length + 1} tokens but the {split!r} split "
+                             f"holds {self.corpus.data[split].size}; use a larger corpus")
+        w = jnp.asarray(index, jnp.int32) * batch_size + jnp.arange(batch_size, dtype=jnp.int32)
+        valid = w < count
+        w = jnp.where(valid, w, 0)
+        if self.on_device:
+            data = self.split_data(split)
+            windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (length + 1,)))(w * length)
+        else:
+            windows = _host_sequential(self.corpus.data[split], w, length)
+        windows = windows.astype(jnp.int32)
+        mask = jnp.broadcast_to(valid[:, None], (batch_size, length)).astype(jnp.float32)
+        return {"inputs": windows[:, :-1], "targets": windows[:, 1:], "mask": mask}
+
     def _windows(self, key, batch_size, length, split):
         span = self.corpus.data[split].shape[0] - length  # number of valid start offsets
         if self.on_device:
@@ -201,3 +237,17 @@ def _host_windows(data, key, batch_size, length, span):
     shape = (batch_size, length + 1)
     return jax.pure_callback(slice_windows, jax.ShapeDtypeStruct(shape, jnp.int32), draws,
                              vmap_method="expand_dims")
+
+
+def _host_sequential(data, w, length):
+    """Windows [B, length + 1] from token ``w * length`` of ``data`` (a memmap), by a pure callback."""
+
+    def slice_windows(w):
+        starts = np.asarray(w).astype(np.int64) * length  # int64: past 2**31 tokens too
+        out = np.empty((*starts.shape, length + 1), np.int32)
+        for i, s in np.ndenumerate(starts):
+            out[i] = data[s:s + length + 1]
+        return out
+
+    shape = jax.ShapeDtypeStruct((*w.shape, length + 1), jnp.int32)
+    return jax.pure_callback(slice_windows, shape, w, vmap_method="expand_dims")

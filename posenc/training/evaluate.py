@@ -26,9 +26,24 @@ fields are overridden (zero-shot context extension); rows carry
 With a ``mesh`` (several devices) each chunk is split over its devices; the
 sums are the same as on one device up to float32 rounding.
 
-For the ``text`` task a row also carries ``position_loss``: mean loss over
-``eval.position_buckets`` equal position ranges ``[b L / n, (b + 1) L / n)``
-(the loss-vs-position curve of Press et al. 2022).
+Language modelling (``text``, Press et al. 2022): the evaluation set at
+length ``N`` is the held-out split's consecutive non-overlapping windows
+from its first token (``Text.sequential_batch``: window ``w`` predicts
+tokens ``w N + 1 .. (w + 1) N``), as many as ``eval.num_batches *
+eval.batch_size`` (fewer if the split holds fewer; ``eval_windows`` says how
+many). A row carries ``loss`` and ``perplexity = exp(loss)`` over all
+tokens, ``loss_last_L`` and ``perplexity_last_L`` over the last ``last_L =
+min(task.train_length, N)`` positions of each window (every prediction
+there has at least ``N - L`` tokens of context), and ``position_loss``: mean
+loss over ``eval.position_buckets`` equal position ranges ``[b N / n, (b +
+1) N / n)`` (the loss-vs-position curve).
+
+Evaluation sweeps: a task that declares ``eval_sweep`` (passkey depth,
+flip-flop ``p_ignore``) is also evaluated at every sweep point, at every
+length and for every evaluation variant, through a config whose
+``task.options`` holds the point's value (its own compiled step); those
+rows carry ``sweep`` (e.g. ``{"depth": 0.5}``) and come after the rows of
+the task as configured, which are exactly those of a task without a sweep.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ from flax import nnx
 
 from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
+from posenc.training import setup
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
 
@@ -81,30 +97,49 @@ def rows_per_step(batch_size: int, length: int, max_tokens: int, devices: int = 
     return max(fits) if fits else devices
 
 
+def _num_batches(task, config, length: int, batch_size: int, sequential: bool) -> int:
+    if not sequential:
+        return int(config.eval.num_batches)
+    windows = task.num_windows(length, "eval")
+    return max(1, min(int(config.eval.num_batches), -(-windows // batch_size)))
+
+
+def _last_l(totals, length: int, last: int) -> dict:
+    """Loss and perplexity over the last ``last`` positions of every window (from the per-position sums)."""
+    loss = np.asarray(totals["position_loss"])[length - last:].sum()
+    mask = np.asarray(totals["position_mask"])[length - last:].sum()
+    value = float(loss / mask) if mask > 0 else None
+    return {"last_L": int(last), "loss_last_L": value,
+            "perplexity_last_L": None if value is None else float(np.exp(value))}
+
+
 def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dict:
-    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ position_loss)."""
+    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ the text measures)."""
     reason = not_applicable(config, spec, length)
     if reason is not None:
         return {"eval_length": int(length), "loss": None, "accuracy": None, "exact_match": None,
                 "not_applicable": reason}
     per_position = config.task.name == "text"
+    sequential = hasattr(task, "sequential_batch")
     batch_size = int(config.eval.batch_size)
     devices = 1 if mesh is None else mesh.size
     rows = rows_per_step(batch_size, int(length), int(config.eval.get("max_tokens_per_step", 0)),
                          devices)
     fn = step_lib.eval_step_fn(task, config, int(length), batch_size, rows=rows,
-                               per_position=per_position, mesh=mesh)
+                               per_position=per_position, sequential=sequential, mesh=mesh)
     graphdef, state = nnx.split(model)
     if mesh is not None:  # a no-op for arrays already placed; places fresh ones (variant models)
         state = sharding_lib.shard_state(state, mesh, fsdp=sharding_lib.fsdp_enabled(config))
     root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
     totals = None
-    for i in range(int(config.eval.num_batches)):
+    for i in range(_num_batches(task, config, int(length), batch_size, sequential)):
         key = jax.random.fold_in(root, i)
+        index = (np.int32(i),) if sequential else ()
         if mesh is not None:
             key = sharding_lib.replicate(key, mesh)
+            index = tuple(sharding_lib.replicate(x, mesh) for x in index)
         for chunk in range(batch_size // rows):
-            out = fn(graphdef, state, key, chunk)
+            out = fn(graphdef, state, key, chunk, *index)
             totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
     totals = jax.device_get(totals)
     denom = max(float(totals["mask_sum"]), 1.0)
@@ -117,11 +152,29 @@ def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dic
         "eval_rows_per_step": rows,
         "problem_size": int(task.max_size(int(length))) if config.task.name != "text" else None,
     }
+    if sequential:
+        row["eval_windows"] = int(round(float(totals["mask_sum"]))) // int(length)
     if per_position:
+        row["perplexity"] = float(np.exp(row["loss"]))
+        row.update(_last_l(totals, int(length), min(int(config.task.train_length), int(length))))
         row["position_loss"] = _buckets(np.asarray(totals["position_loss"]),
                                         np.asarray(totals["position_mask"]),
                                         int(config.eval.position_buckets))
     return row
+
+
+def sweep_points(config, task) -> list:
+    """``[(sweep, config, task)]`` of every point of ``task.eval_sweep``; ``sweep = {option: value}``.
+
+    Each point's config holds the value in ``task.options``, so its
+    evaluation step is compiled (and cached) for that point.
+    """
+    points = []
+    for option, value, point in task.sweep():
+        c = setup.plain_copy(config)
+        c.task.options[option] = value
+        points.append(({option: value}, c, point))
+    return points
 
 
 def variant_model(model, spec):
@@ -132,17 +185,24 @@ def variant_model(model, spec):
 
 
 def evaluate(model, resolved, lengths=None, *, mesh=None) -> list[dict]:
-    """:func:`evaluate_length` at each length, for the model and each evaluation variant.
+    """:func:`evaluate_length` at each length, for the model and each evaluation variant (+ sweeps).
 
     ``resolved``: the run's :class:`~posenc.training.setup.Resolved`. Rows of a
-    variant carry ``eval_variant`` (None for the model as trained).
+    variant carry ``eval_variant`` (None for the model as trained); rows of
+    a sweep point carry ``sweep`` (module docstring).
     """
     config, task = resolved.config, resolved.task
     lengths = tuple(config.eval.lengths) if lengths is None else tuple(lengths)
+    models = [(None, config, resolved.spec, model)] + [
+        (n, c, s, variant_model(model, s)) for n, (c, s) in resolved.eval_variants.items()]
     rows = []
-    for name, (vconfig, vspec, m) in [(None, (config, resolved.spec, model))] + [
-            (n, (c, s, variant_model(model, s))) for n, (c, s) in resolved.eval_variants.items()]:
+    for name, vconfig, vspec, m in models:
         for n in lengths:
             rows.append(dict(evaluate_length(m, task, vconfig, vspec, int(n), mesh=mesh),
                              eval_variant=name))
+    for name, vconfig, vspec, m in models:
+        for sweep, pconfig, ptask in sweep_points(vconfig, task):
+            for n in lengths:
+                rows.append(dict(evaluate_length(m, ptask, pconfig, vspec, int(n), mesh=mesh),
+                                 eval_variant=name, sweep=sweep))
     return rows

@@ -40,11 +40,21 @@ def _fmt(v):
     return "n/a" if v is None else f"{v:.4f}"
 
 
+def _row_key(row: dict) -> tuple:
+    # The points of an evaluation sweep share (config_hash, eval_variant, eval_length).
+    return (*results.row_key(row), results.canonical_json(row.get("sweep")))
+
+
 def write_rows(workdir: str, rows: list[dict]) -> None:
-    """Merge ``rows`` into ``workdir/results.jsonl`` (atomically; process 0 only)."""
+    """Merge ``rows`` into ``workdir/results.jsonl`` (atomically; process 0 only), one row per key.
+
+    Key: :func:`results.row_key` and the row's ``sweep`` point; new rows win.
+    """
     path = os.path.join(workdir, "results.jsonl")
     if _main():
-        results.write_jsonl(path, results.merge_rows(results.read_jsonl(path), rows))
+        merged = {_row_key(r): r for r in results.read_jsonl(path)}
+        merged.update((_row_key(r), r) for r in rows)
+        results.write_jsonl(path, list(merged.values()))
 
 
 def finish(model, resolved, workdir: str, *, name: str | None, record: records.CheckpointRecord,
@@ -72,7 +82,7 @@ def finish(model, resolved, workdir: str, *, name: str | None, record: records.C
             train_seconds=train_seconds, eval_seconds=eval_seconds,
             wall_time=train_seconds + eval_seconds, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **extra, **ev))
-        if writer is not None and ev.get("eval_variant") is None:
+        if writer is not None and ev.get("eval_variant") is None and ev.get("sweep") is None:
             for k in results.METRICS:
                 if ev[k] is not None:
                     writer.add_scalar(f"eval/{k}", ev[k], ev["eval_length"])
@@ -80,8 +90,10 @@ def finish(model, resolved, workdir: str, *, name: str | None, record: records.C
         writer.close()
     write_rows(workdir, rows)
     for r in rows if _main() else ():
+        where = ", ".join([r["eval_variant"]] * bool(r["eval_variant"])
+                          + [f"{k}={v}" for k, v in (r.get("sweep") or {}).items()])
         logging.info("eval length %d%s: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
-                     f" ({r['eval_variant']})" if r["eval_variant"] else "", _fmt(r["loss"]),
+                     f" ({where})" if where else "", _fmt(r["loss"]),
                      _fmt(r["accuracy"]), _fmt(r["exact_match"]))
     return rows
 

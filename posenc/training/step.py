@@ -232,7 +232,7 @@ def seeds_stats_fn(task, config):
 
 
 def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
-                 per_position: bool = False, mesh=None):
+                 per_position: bool = False, sequential: bool = False, mesh=None):
     """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
 
     The batch of ``key`` has ``batch_size`` examples; one call runs the model
@@ -243,7 +243,10 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None
     correct_sum, mask_sum, exact_sum, examples; with ``per_position`` also
     ``position_loss`` [L] and ``position_mask`` [L] (sums over the rows).
     With ``mesh`` the rows are sharded over its devices (ValueError if
-    ``rows`` does not divide over them).
+    ``rows`` does not divide over them). With ``sequential`` (a task with
+    ``sequential_batch``, e.g. text) the step is ``step(graphdef, state, key,
+    chunk, index)``: the batch is the task's held-out batch ``index``
+    (consecutive windows) and ``key`` only draws randomized positions.
     """
     pos = config.model.position
     rows = int(batch_size if rows is None else rows)
@@ -251,14 +254,18 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None
         raise ValueError(f"rows {rows} must divide the eval batch size {batch_size}")
     sharding_lib.check_batch_size(rows, mesh, name="eval rows per step")
     cache_key = ("eval", _task_key(config), int(length), int(batch_size), rows, bool(per_position),
-                 bool(pos.randomized), int(pos.randomized_max_position),
+                 bool(sequential), bool(pos.randomized), int(pos.randomized_max_position),
                  pos.get("randomized_per", "batch"), mesh)
     if cache_key in _CACHE:
         return _CACHE[cache_key]
 
-    def step(graphdef, state, key, chunk):
+    def step(graphdef, state, key, chunk, index=None):
         model = nnx.merge(graphdef, state)
-        batch, positions = _batch(task, config, key, batch_size, length, split="eval")
+        if sequential:
+            batch = task.sequential_batch(index, batch_size, length, split="eval")
+            positions = positions_for(config, jax.random.split(key)[1], batch_size, length)
+        else:
+            batch, positions = _batch(task, config, key, batch_size, length, split="eval")
         if rows < batch_size:
             def take(x):
                 return jax.lax.dynamic_slice_in_dim(x, chunk * rows, rows, axis=0)
