@@ -5,6 +5,7 @@ import math
 import os
 
 import ml_collections
+import numpy as np
 import pytest
 
 from posenc.training import report, results
@@ -81,33 +82,41 @@ def test_merge_rows_never_duplicates():
     assert results.merge_rows(merged, merged) == merged
 
 
-def test_table_mean_and_std_over_seeds():
+def test_table_mean_and_interval_over_seeds():
     rows = [row(seed=0, accuracy=0.8, exact_match=0.0), row(seed=1, accuracy=1.0, exact_match=1.0),
             row(seed=0, eval_length=32, accuracy=0.2), row(seed=1, eval_length=32, accuracy=0.4),
             row(position="learned", eval_length=32, accuracy=None, loss=None, exact_match=None)]
     s = report.summarize(rows)["copy"]
-    mean, std, n = s["rope"][16]["accuracy"]
-    assert (n, mean) == (2, pytest.approx(0.9)) and std == pytest.approx(0.1)
+    mean, half, n = s["rope"][16]["accuracy"]
+    # two seeds: t_{0.975, 1} = 12.706, sample std 0.1414, half-width 12.706 * 0.1414 / sqrt(2) = 1.2706
+    assert (n, mean) == (2, pytest.approx(0.9)) and half == pytest.approx(12.7062047 * 0.1, rel=1e-6)
     assert s["learned"][32]["accuracy"] is None
     md = report.table_markdown(rows)
-    assert "| encoding | 16* | 32 |" in md
-    assert "| rope | 0.900 ± 0.100 (EM 0.50) | 0.300 ± 0.100 (EM 0.50) |" in md
+    assert "| encoding | 16* | 32 |" in md and "95% t-interval over 2 seed(s)" in md
+    assert "| rope | 0.900 ± 1.271 (EM 0.50) | 0.300 ± 1.271 (EM 0.50) |" in md
     assert "| learned |  | n/a |" in md
     label = report.table_markdown([row(randomized=True, eval_variant="pi4")])
     assert "| rope+randomized@pi4 |" in label
     bad = dict(row(seed=1, loss=None, accuracy=None, exact_match=None), diverged_at_step=3)
-    assert "| rope | 0.900 ± 0.000 (EM 0.50) [1 diverged] |" in report.table_markdown([row(), bad])
+    assert "| rope | 0.900 (EM 0.50) [1 diverged] |" in report.table_markdown([row(), bad])  # n = 1: no interval
     assert "| rope | diverged |" in report.table_markdown([bad])
 
 
-def test_text_table_uses_loss_and_plots_are_written(tmp_path):
-    rows = [row(task="text", eval_length=n, loss=1.0 + n / 64, seed=s) for n in (64, 128) for s in (0, 1)]
-    assert "| rope | 2.000 ± 0.000 | 3.000 ± 0.000 |" in report.table_markdown(rows)
+def test_text_table_has_both_measures_and_plots_are_written(tmp_path):
+    rows = [row(task="text", eval_length=n, loss=1.0 + n / 64 + 0.1 * s, perplexity=float(np.exp(1.0 + n / 64)),
+                loss_last_L=1.5 + 0.1 * s, perplexity_last_L=4.5, last_L=64, train_length=64, seed=s)
+            for n in (64, 128) for s in (0, 1)]
+    md = report.table_markdown(rows)
+    assert "## text" in md and "over the last L = 64 tokens of each window" in md
+    half = 12.7062047 * float(np.std([0.0, 0.1], ddof=1)) / np.sqrt(2)
+    assert f"| rope | {2.05:.3f} ± {half:.3f} (ppl 7.39) | {3.05:.3f} ± {half:.3f} (ppl 20.09) |" in md
+    assert f"| rope | 1.550 ± {half:.3f} (ppl 4.50) | 1.550 ± {half:.3f} (ppl 4.50) |" in md
     paths = report.write_plots(rows + [row()], str(tmp_path))
     names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["copy_accuracy.png", "copy_exact_match.png", "copy_loss.png", "text_loss.png"]
+    assert names == ["copy_accuracy.png", "copy_exact_match.png", "copy_loss.png", "text_log_perplexity.png"]
     for p in paths:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path)) == names  # no temporary file left behind
 
 
 def test_write_json_is_valid(tmp_path):

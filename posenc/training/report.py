@@ -1,28 +1,118 @@
-"""Comparison report: ``table.md`` and PNG plots of metric vs eval length.
+"""Comparison report: ``table.md``, ``aggregate.md`` and PNG plots (:mod:`posenc.training.plots`).
 
 Rows are grouped per task by label (the run's ``variant`` if it has one,
-else the position kind, marked ``+randomized``; ``@<eval variant>`` for
-the rows of an evaluation variant; plus the norm placement / kind when they
-vary in the task), and per eval length aggregated over seeds as mean ± std (population
-std, 0 for one seed). Cells that are not applicable (e.g. a learned table
-past its rows) print ``n/a``, runs that diverged ``diverged`` (or ``[k
-diverged]`` after the mean of the other seeds); both are left out of the
-plots.
-Main metric: accuracy (exact match alongside), and loss for ``text``.
+else the position kind, marked ``+randomized``; ``@<eval variant>`` for the
+rows of an evaluation variant; plus the norm placement / kind when they
+vary in the task), and per eval length aggregated over seeds: the mean
+and the half-width of its 95% t-interval, ``t_{0.975, n-1} s / sqrt(n)``
+(``s`` the sample standard deviation of the ``n`` seeds; one seed: no
+interval).
+
+Fit-then-extrapolate (``train.fit_accuracy`` > 0): a run that stopped
+without reaching the target (``fitted`` False) is left out of its cells by
+default, so extrapolation is compared among runs that learned the task;
+the cell says ``[k unfitted]`` (``include_unfitted=True`` keeps them in,
+still counted). Fixed-budget runs (``fitted`` None) are all used. Cells
+that are not applicable (e.g. a learned table past its rows) print
+``n/a``, runs that diverged ``diverged`` (or ``[k diverged]`` after the
+mean of the other seeds), cells whose every run did not fit ``not
+fitted``.
+
+Main metric: accuracy (exact match alongside); for ``text`` the
+log-perplexity (loss, nats per token) over all tokens and over the last L
+(training length) tokens of each window, perplexity alongside. Rows of an
+evaluation sweep (``sweep``, e.g. passkey depth) get their own table per
+task (metric vs sweep value per length) and stay out of the main table.
+
+Aggregate (``aggregate.md``, the tables of Delétang et al. 2023 / Ruoss et
+al. 2023): per task x label, each run's accuracy averaged over the
+out-of-distribution lengths (eval length > training length), then mean
+and 95% t-interval over seeds; tasks grouped by Chomsky-hierarchy level.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import os
 
 import numpy as np
 
 from posenc.training.results import atomic_write_text
 
+LEVEL_ORDER = ("R", "DCF", "CS", None)
+LEVEL_NAMES = {"R": "regular", "DCF": "deterministic context-free", "CS": "context-sensitive"}
+METRICS = ("loss", "accuracy", "exact_match", "perplexity", "loss_last_L", "perplexity_last_L")
+
 
 def main_metric(task: str) -> str:
     return "loss" if task == "text" else "accuracy"
+
+
+# ------------------------------------------------------------------ statistics
+def _t_two_sided(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4, finite series)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + s * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+    for k in range(1, df // 2):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return s * total
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` >= 1 degrees of freedom (bisection)."""
+    if not 0.5 < p < 1 or int(df) != df or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and an integer df >= 1, got p={p!r}, df={df!r}")
+    target, lo, hi = 2 * p - 1, 0.0, 1.0
+    while _t_two_sided(hi, int(df)) < target:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_two_sided(mid, int(df)) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def interval(values, *, confidence: float = 0.95):
+    """``(mean, half_width, n)`` of ``values``: the t-interval over seeds (half_width None for n = 1).
+
+    None for no values.
+    """
+    values = [float(v) for v in values]
+    n = len(values)
+    if not n:
+        return None
+    mean = float(np.mean(values))
+    if n == 1:
+        return (mean, None, 1)
+    s = float(np.std(values, ddof=1))
+    return (mean, t_quantile(0.5 + confidence / 2, n - 1) * s / math.sqrt(n), n)
+
+
+# ---------------------------------------------------------------------- groups
+def task_level(task: str, rows=()) -> str | None:
+    """The task's Chomsky-hierarchy level: from the rows' task metadata, else the task registry."""
+    for r in rows:
+        if r.get("task") == task and isinstance(r.get("task_metadata"), dict) and "level" in r["task_metadata"]:
+            return r["task_metadata"]["level"]
+    from posenc import tasks
+
+    try:
+        return tasks.spec(task)["level"]
+    except ValueError:  # a task of a plugin not loaded here
+        return None
+
+
+def _heading(task: str, rows) -> str:
+    level = task_level(task, rows)
+    return f"## {task}" + (f" [{level}: {LEVEL_NAMES.get(level, level)}]" if level else "")
 
 
 def _label(row: dict, vary: set[str]) -> str:
@@ -39,106 +129,279 @@ def _label(row: dict, vary: set[str]) -> str:
     return "/".join(parts)
 
 
-def summarize(rows: list[dict]) -> dict:
-    """``{task: {label: {eval_length: {metric: (mean, std, n) or None}}}}`` over seeds."""
-    by_task = collections.defaultdict(list)
+def _by_task(rows) -> dict:
+    out = collections.defaultdict(list)
     for r in rows:
-        by_task[r["task"]].append(r)
+        out[r["task"]].append(r)
+    return out
+
+
+def _vary(rs) -> set:
+    return {f for f in ("placement", "norm") if len({r.get(f) for r in rs}) > 1}
+
+
+def cell_stats(group: list[dict], *, include_unfitted: bool = False, only_unfitted: bool = False) -> dict:
+    """``{metric: (mean, half_width, n) or None, "diverged": k, "unfitted": k, "runs": n}`` of one cell.
+
+    The statistics are over the fitted runs (and those with no fit target),
+    over every run with ``include_unfitted``, over the unfitted ones only
+    with ``only_unfitted``.
+    """
+    unfitted = sum(r.get("fitted") is False for r in group)
+    if only_unfitted:
+        use = [r for r in group if r.get("fitted") is False]
+    else:
+        use = group if include_unfitted else [r for r in group if r.get("fitted") is not False]
+    stats = {m: interval([r[m] for r in use if r.get(m) is not None]) for m in METRICS}
+    stats.update(diverged=sum(r.get("diverged_at_step") is not None for r in group), unfitted=unfitted,
+                 runs=len(group))
+    return stats
+
+
+def summarize(rows: list[dict], *, include_unfitted: bool = False, only_unfitted: bool = False) -> dict:
+    """``{task: {label: {eval_length: cell_stats}}}`` over seeds (rows of sweeps left out)."""
+    opts = dict(include_unfitted=include_unfitted, only_unfitted=only_unfitted)
     out = {}
-    for task, rs in by_task.items():
-        vary = {f for f in ("placement", "norm") if len({r[f] for r in rs}) > 1}
+    for task, rs in _by_task(r for r in rows if not r.get("sweep")).items():
+        vary = _vary(rs)
         cells = collections.defaultdict(lambda: collections.defaultdict(list))
         for r in rs:
             cells[_label(r, vary)][r["eval_length"]].append(r)
+        out[task] = {label: {n: cell_stats(g, **opts) for n, g in sorted(by.items())}
+                     for label, by in cells.items()}
+    return out
+
+
+def summarize_sweeps(rows: list[dict], *, include_unfitted: bool = False, only_unfitted: bool = False) -> dict:
+    """``{task: {option: {label: {value: {eval_length: cell_stats}}}}}`` of the sweep rows."""
+    opts = dict(include_unfitted=include_unfitted, only_unfitted=only_unfitted)
+    out = {}
+    for task, rs in _by_task(r for r in rows if r.get("sweep")).items():
+        vary = _vary(rs)
+        cells = collections.defaultdict(list)
+        for r in rs:
+            (option, value), = r["sweep"].items()
+            cells[(option, _label(r, vary), value, r["eval_length"])].append(r)
         table = {}
-        for label, by_len in cells.items():
-            table[label] = {}
-            for length, group in sorted(by_len.items()):
-                stats = {}
-                for m in ("loss", "accuracy", "exact_match"):
-                    vals = [g[m] for g in group if g[m] is not None]
-                    stats[m] = (float(np.mean(vals)), float(np.std(vals)), len(vals)) if vals else None
-                stats["diverged"] = sum(g.get("diverged_at_step") is not None for g in group)
-                table[label][length] = stats
+        for (option, label, value, n), g in sorted(cells.items(), key=lambda kv: str(kv[0])):
+            table.setdefault(option, {}).setdefault(label, {}).setdefault(value, {})[n] = cell_stats(g, **opts)
+        for option in table:  # values in numeric order
+            for label in table[option]:
+                table[option][label] = dict(sorted(table[option][label].items()))
         out[task] = table
     return out
 
 
-def _cell(stats: dict, task: str) -> str:
-    main, diverged = stats[main_metric(task)], stats.get("diverged", 0)
+# ---------------------------------------------------------------------- tables
+def _number(stat, digits: int = 3) -> str:
+    mean, half, _ = stat
+    return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
+def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
+    main, diverged, unfitted = stats[metric], stats.get("diverged", 0), stats.get("unfitted", 0)
     if main is None:
-        return "diverged" if diverged else "n/a"
-    text = f"{main[0]:.3f} ± {main[1]:.3f}"
-    em = stats["exact_match"]
-    if task != "text" and em is not None:
-        text += f" (EM {em[0]:.2f})"
+        failed = ["diverged"] * bool(diverged) + ["not fitted"] * bool(unfitted)
+        return " / ".join(failed) if failed else "n/a"
+    text = _number(main)
+    if extra is not None and stats.get(extra[0]) is not None:
+        text += f" ({extra[1]} {stats[extra[0]][0]:.{extra[2]}f})"
     if diverged:
         text += f" [{diverged} diverged]"
+    if unfitted:
+        text += f" [{unfitted} unfitted]"
     return text
 
 
-def table_markdown(rows: list[dict]) -> str:
-    """Markdown: per task, rows = label, columns = eval lengths (train length marked *)."""
-    summary = summarize(rows)
+def _caption(metric: str, seeds: int, train_lengths, *, fitting: bool, include_unfitted: bool,
+             extra: str = "") -> str:
+    text = (f"{metric}: mean ± 95% t-interval over {seeds} seed(s) (half-width t_0.975,n-1 s / sqrt(n); "
+            f"one seed: no interval){extra}; "
+            f"* = training length {', '.join(map(str, sorted(train_lengths)))}")
+    if fitting:
+        text += ("; [k unfitted]: k runs stopped before reaching train.fit_accuracy, "
+                 + ("included in the cell" if include_unfitted else "left out of the cell"))
+    return text
+
+
+def _grid(label_cells: dict, lengths, train_lengths, first: str) -> list[str]:
+    header = [first] + [f"{n}{'*' if n in train_lengths else ''}" for n in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, cells in label_cells.items():
+        lines.append("| " + " | ".join([label] + [cells.get(n, "") for n in lengths]) + " |")
+    return lines + [""]
+
+
+def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_unfitted: bool) -> list[str]:
+    lengths = sorted({n for t in table.values() for n in t})
+    train_lengths = {r["train_length"] for r in rs}
+    seeds = len({r["seed"] for r in rs})
+    fitting = any(r.get("fitted") is not None for r in rs)
+    caption = dict(fitting=fitting, include_unfitted=include_unfitted)
+    lines = [_heading(task, rs), ""]
+    if task == "text":
+        measures = [("loss", "perplexity", "over all tokens of each window")]
+        if any(r.get("loss_last_L") is not None for r in rs):
+            last = sorted({r["last_L"] for r in rs if r.get("last_L")})
+            measures.append(("loss_last_L", "perplexity_last_L",
+                             f"over the last L = {', '.join(map(str, last))} tokens of each window"))
+        for loss, ppl, where in measures:
+            lines += [_caption(f"log-perplexity (nats per token) {where}", seeds, train_lengths,
+                               extra=", perplexity in brackets", **caption)
+                      + "; non-overlapping windows of the held-out split", ""]
+            lines += _grid({label: {n: _cell(s, loss, (ppl, "ppl", 2)) for n, s in table[label].items()}
+                            for label in sorted(table)}, lengths, train_lengths, "encoding")
+        return lines
+    metric = main_metric(task)
+    if table:
+        lines += [_caption(metric, seeds, train_lengths, extra=", exact match (EM) in brackets", **caption), ""]
+        lines += _grid({label: {n: _cell(s, metric, ("exact_match", "EM", 2)) for n, s in table[label].items()}
+                        for label in sorted(table)}, lengths, train_lengths, "encoding")
+    for option, by_label in sweeps.items():
+        sweep_lengths = sorted({n for v in by_label.values() for c in v.values() for n in c})
+        lines += [f"### {task}: {metric} vs {option} (evaluation sweep), per evaluation length", ""]
+        lines += _grid({f"{label} {option}={value}": {n: _cell(s, metric, ("exact_match", "EM", 2))
+                                                      for n, s in cells.items()}
+                        for label, values in sorted(by_label.items()) for value, cells in values.items()},
+                       sweep_lengths, train_lengths, f"encoding {option}")
+    return lines
+
+
+def table_markdown(rows: list[dict], *, include_unfitted: bool = False) -> str:
+    """Markdown: per task (level in the heading), rows = label, columns = eval lengths (train length *)."""
+    summary = summarize(rows, include_unfitted=include_unfitted)
+    sweeps = summarize_sweeps(rows, include_unfitted=include_unfitted)
+    by_task = _by_task(rows)
     lines = []
-    for task in sorted(summary):
-        table = summary[task]
-        lengths = sorted({n for t in table.values() for n in t})
-        train_lengths = {r["train_length"] for r in rows if r["task"] == task}
-        seeds = {r["seed"] for r in rows if r["task"] == task}
-        metric = main_metric(task)
-        lines += [f"## {task}", "",
-                  f"{metric} (mean ± std over {len(seeds)} seed(s))"
-                  + ("" if task == "text" else ", exact match (EM) in brackets")
-                  + f"; * = training length {', '.join(map(str, sorted(train_lengths)))}", ""]
-        header = ["encoding"] + [f"{n}{'*' if n in train_lengths else ''}" for n in lengths]
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "---|" * len(header))
-        for label in sorted(table):
-            cells = [_cell(table[label][n], task) if n in table[label] else "" for n in lengths]
-            lines.append("| " + " | ".join([label] + cells) + " |")
-        lines.append("")
+    for task in sorted(set(summary) | set(sweeps)):
+        lines += _task_tables(task, summary.get(task, {}), sweeps.get(task, {}), by_task[task], include_unfitted)
     return "\n".join(lines)
 
 
-def write_table(rows: list[dict], path: str) -> None:
-    atomic_write_text(path, table_markdown(rows))
+# ------------------------------------------------------------------- aggregate
+def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
+    """``{task: {label: cell}}``: accuracy over the out-of-distribution lengths, mean over seeds.
+
+    Each run's score is its mean accuracy over eval lengths > its training
+    length (lengths with no value, e.g. n/a, are skipped); a cell has
+    ``stat`` ((mean, half_width, n) or None), ``unfitted``, ``diverged``,
+    ``lengths`` (the most OOD lengths a run's score averages) and
+    ``ood_lengths`` (how many there are). Tasks whose main metric is not
+    accuracy (text) and sweep rows are left out.
+    """
+    out = {}
+    for task, rs in _by_task(r for r in rows if not r.get("sweep")).items():
+        if main_metric(task) != "accuracy":
+            continue
+        vary = _vary(rs)
+        runs = collections.defaultdict(lambda: collections.defaultdict(list))
+        for r in rs:
+            runs[_label(r, vary)][(r.get("config_hash"), r.get("run"), r["seed"])].append(r)
+        table = {}
+        for label, by_run in runs.items():
+            ood = sorted({r["eval_length"] for g in by_run.values() for r in g if r["eval_length"] > r["train_length"]})
+            if not ood:
+                continue
+            scores, unfitted, diverged, used = [], 0, 0, 0
+            for group in by_run.values():
+                failed_fit = any(r.get("fitted") is False for r in group)
+                unfitted += failed_fit
+                diverged += any(r.get("diverged_at_step") is not None for r in group)
+                values = [r["accuracy"] for r in group
+                          if r["eval_length"] > r["train_length"] and r.get("accuracy") is not None]
+                if values and (include_unfitted or not failed_fit):
+                    scores.append(float(np.mean(values)))
+                    used = max(used, len(values))
+            table[label] = dict(stat=interval(scores), unfitted=unfitted, diverged=diverged, lengths=used,
+                                ood_lengths=len(ood))
+        if table:
+            out[task] = table
+    return out
 
 
-def write_plots(rows: list[dict], directory: str) -> list[str]:
-    """One PNG per (task, metric): metric vs eval length (log2 x), a line per label, seed error bars."""
-    import matplotlib
+def _level_key(task: str, rows) -> tuple:
+    level = task_level(task, rows)
+    return (LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER), task)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    os.makedirs(directory, exist_ok=True)
-    paths = []
-    for task, table in sorted(summarize(rows).items()):
-        metrics = ["loss"] if task == "text" else ["accuracy", "exact_match", "loss"]
-        train_lengths = sorted({r["train_length"] for r in rows if r["task"] == task})
-        for metric in metrics:
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-            for label in sorted(table):
-                pts = [(n, s[metric]) for n, s in sorted(table[label].items()) if s[metric] is not None]
-                if not pts:
-                    continue
-                xs = [n for n, _ in pts]
-                ax.errorbar(xs, [v[0] for _, v in pts], yerr=[v[1] for _, v in pts],
-                            marker="o", capsize=3, label=label)
-            for n in train_lengths:
-                ax.axvline(n, color="gray", linestyle=":", linewidth=1)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("evaluation length (tokens)")
-            ax.set_ylabel(metric)
-            ax.set_title(f"{task}: {metric} vs length (dotted: training length)")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            path = os.path.join(directory, f"{task}_{metric}.png")
-            tmp = path + ".tmp.png"
-            fig.savefig(tmp, dpi=100)
-            os.replace(tmp, path)
-            plt.close(fig)
-            paths.append(path)
-    return paths
+def ordered_tasks(tasks, rows=()) -> list[str]:
+    """Tasks grouped by level (R, DCF, CS, then none), by name within a level."""
+    return sorted(tasks, key=lambda t: _level_key(t, rows))
+
+
+def _aggregate_cell(cell: dict | None) -> str:
+    if cell is None:
+        return ""
+    stat, notes = cell["stat"], []
+    text = "n/a" if stat is None else _number(stat)
+    if stat is None and cell["diverged"]:
+        text = "diverged"
+    elif stat is None and cell["unfitted"]:
+        text = "not fitted"
+    if stat is not None and cell["lengths"] < cell["ood_lengths"]:
+        notes.append(f"{cell['lengths']}/{cell['ood_lengths']} lengths")
+    if stat is not None and cell["diverged"]:
+        notes.append(f"{cell['diverged']} diverged")
+    if stat is not None and cell["unfitted"]:
+        notes.append(f"{cell['unfitted']} unfitted")
+    return text + "".join(f" [{n}]" for n in notes)
+
+
+def aggregate_markdown(rows: list[dict], *, include_unfitted: bool = False) -> str:
+    """The aggregate table: tasks (grouped by level) x labels, plus the mean over tasks per label."""
+    agg = aggregate(rows, include_unfitted=include_unfitted)
+    if not agg:
+        return ""
+    labels = sorted({label for t in agg.values() for label in t})
+    fitting = any(r.get("fitted") is not None for r in rows)
+    lines = ["## Aggregate: accuracy over the out-of-distribution lengths", "",
+             "Per task x encoding: each run's token accuracy averaged over the evaluation lengths longer than "
+             "its training length, then the mean over seeds ± half-width of the 95% t-interval over seeds "
+             "(Student t, n - 1 degrees of freedom; one seed: no interval); [k/m lengths]: only k of the m "
+             "longer lengths have a value (n/a ones are skipped)"
+             + ("; [k unfitted]: k runs did not reach train.fit_accuracy, "
+                + ("included" if include_unfitted else "left out") if fitting else "") + ".", "",
+             "| level | task | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
+    for task in ordered_tasks(agg, rows):
+        level = task_level(task, rows) or ""
+        lines.append(f"| {level} | {task} | " + " | ".join(_aggregate_cell(agg[task].get(label))
+                                                          for label in labels) + " |")
+    means = []
+    for label in labels:
+        vals = [agg[t][label]["stat"][0] for t in agg if label in agg[t] and agg[t][label]["stat"]]
+        text = f"{np.mean(vals):.3f}" if vals else ""
+        with_label = sum(label in agg[t] for t in agg)
+        if vals and len(vals) < len(agg):
+            text += f" [{len(vals)}/{len(agg)} tasks]"
+        means.append(text if with_label else "")
+    lines += ["| | **mean over tasks** | " + " | ".join(means) + " |", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- files
+def write_table(rows: list[dict], path: str, *, include_unfitted: bool = False) -> None:
+    atomic_write_text(path, table_markdown(rows, include_unfitted=include_unfitted))
+
+
+def write_aggregate(rows: list[dict], path: str, *, include_unfitted: bool = False) -> bool:
+    """Write ``aggregate.md`` (atomically); False (nothing written) when no task has OOD accuracy."""
+    text = aggregate_markdown(rows, include_unfitted=include_unfitted)
+    if text:
+        atomic_write_text(path, text)
+    return bool(text)
+
+
+def write_plots(rows: list[dict], directory: str, *, include_unfitted: bool = False) -> list[str]:
+    """Every plot of :mod:`posenc.training.plots` in ``directory``; returns their paths."""
+    from posenc.training import plots
+
+    return plots.write_plots(rows, directory, include_unfitted=include_unfitted)
+
+
+def write_report(rows: list[dict], workdir: str, *, include_unfitted: bool = False) -> list[str]:
+    """``workdir/table.md``, ``workdir/aggregate.md`` (if any task has one) and ``workdir/plots/*.png``."""
+    paths = [os.path.join(workdir, "table.md")]
+    write_table(rows, paths[0], include_unfitted=include_unfitted)
+    if write_aggregate(rows, os.path.join(workdir, "aggregate.md"), include_unfitted=include_unfitted):
+        paths.append(os.path.join(workdir, "aggregate.md"))
+    return paths + write_plots(rows, os.path.join(workdir, "plots"), include_unfitted=include_unfitted)

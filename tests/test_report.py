@@ -1,0 +1,152 @@
+"""Report statistics and files: t-intervals, fitted marking, the aggregate table, sweeps, heat-map, atomic plots."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from posenc.training import plots, report
+
+# Two-sided 95% Student t quantiles t_{0.975, df} (any statistics table).
+T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 29: 2.0452, 120: 1.9799}
+
+
+def row(**kw):
+    base = dict(task="parity", position="rope", norm="rms", placement="pre", seed=0, train_length=16,
+                eval_length=16, loss=0.5, accuracy=0.9, exact_match=0.5, steps=10, config_hash="a" * 64)
+    base.update(kw)
+    base.setdefault("config_hash", "a" * 64)
+    return base
+
+
+def runs(task="parity", position="rope", accs=None, fitted=None, lengths=(16, 32, 64), **kw):
+    """Rows of one run per seed: ``accs[seed][i]`` is the accuracy at ``lengths[i]``."""
+    out = []
+    for seed, values in enumerate(accs):
+        for n, a in zip(lengths, values):
+            out.append(row(task=task, position=position, seed=seed, eval_length=n, accuracy=a,
+                           fitted=None if fitted is None else fitted[seed],
+                           config_hash=f"{task}-{position}-{seed}".ljust(64, "0"), **kw))
+    return out
+
+
+def test_t_quantiles_match_the_table_and_scipy():
+    for df, t in T975.items():
+        assert report.t_quantile(0.975, df) == pytest.approx(t, abs=5e-5)
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 17, 60):
+        for p in (0.9, 0.975, 0.995):
+            assert report.t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+    with pytest.raises(ValueError, match="df >= 1"):
+        report.t_quantile(0.975, 0)
+
+
+def test_interval_is_the_t_interval_over_seeds():
+    values = [0.5, 0.7, 0.6, 0.9]
+    mean, half, n = report.interval(values)
+    s = float(np.std(values, ddof=1))  # sample std, n - 1 in the denominator
+    assert (mean, n) == (pytest.approx(0.675), 4) and half == pytest.approx(3.18245 * s / 2, rel=1e-5)
+    assert report.interval([0.3]) == (0.3, None, 1)  # one seed: no interval
+    assert report.interval([]) is None
+    assert report.interval([0.2, 0.2])[1] == 0.0
+
+
+def test_unfitted_runs_are_left_out_and_counted():
+    rows = runs(accs=[(1.0, 0.6, 0.4), (0.99, 0.8, 0.6), (0.5, 0.1, 0.0)], fitted=[True, True, False])
+    cell = report.summarize(rows)["parity"]["rope"][32]
+    assert cell["accuracy"][:3:2] == (pytest.approx(0.7), 2) and cell["unfitted"] == 1
+    everything = report.summarize(rows, include_unfitted=True)["parity"]["rope"][32]
+    assert everything["accuracy"][::2] == (pytest.approx(0.5), 3) and everything["unfitted"] == 1
+    md = report.table_markdown(rows)
+    half = T975[1] * float(np.std([0.6, 0.8], ddof=1)) / math.sqrt(2)
+    assert f"| rope | 0.995 ± {T975[1] * float(np.std([1.0, 0.99], ddof=1)) / math.sqrt(2):.3f} (EM 0.50) [1 unfitted]" in md
+    assert f"| 0.700 ± {half:.3f} (EM 0.50) [1 unfitted] |" in md
+    assert "left out of the cell" in md and "included in the cell" in report.table_markdown(rows, include_unfitted=True)
+    # a cell whose every run did not fit; fixed-budget runs (fitted None) have no marks
+    assert "| rope | not fitted | not fitted | not fitted |" in report.table_markdown(rows[6:])
+    fixed = report.table_markdown(runs(accs=[(1.0, 0.6, 0.4)]))
+    assert "unfitted" not in fixed and "| rope | 1.000 (EM 0.50) | 0.600 (EM 0.50) | 0.400 (EM 0.50) |" in fixed
+
+
+def test_level_in_the_heading():
+    md = report.table_markdown(runs(accs=[(1, 1, 1)]) + runs(task="copy", accs=[(1, 1, 1)])
+                               + runs(task="bucket_sort", accs=[(1, 1, 1)]))
+    assert "## parity [R: regular]" in md and "## bucket_sort [CS: context-sensitive]" in md
+    assert "\n## copy\n" in md
+    # the rows' metadata wins over the registry (results of another library version)
+    meta = runs(task="copy", accs=[(1, 1, 1)], task_metadata={"level": "DCF"})
+    assert "## copy [DCF: deterministic context-free]" in report.table_markdown(meta)
+
+
+def test_aggregate_is_the_mean_over_ood_lengths_then_seeds():
+    rows = (runs(accs=[(1.0, 0.6, 0.4), (1.0, 0.8, 0.2), (0.4, 0.1, 0.1)], fitted=[True, True, False])
+            + runs(position="alibi", accs=[(1.0, 0.9, 0.7)])
+            + runs(task="reverse_string", accs=[(1.0, 0.5, 0.3), (1.0, 0.3, 0.1)])
+            + runs(task="copy", position="alibi", accs=[(1.0, None, 0.2)])
+            + [row(task="text", eval_length=128, loss=1.0, accuracy=0.3)])
+    agg = report.aggregate(rows)
+    assert set(agg) == {"parity", "reverse_string", "copy"}  # text's measure is perplexity
+    parity = agg["parity"]["rope"]
+    # seed scores: mean of the lengths 32 and 64 (> 16): 0.5, 0.5; the unfitted seed is left out
+    assert parity["stat"] == (pytest.approx(0.5), 0.0, 2) and parity["unfitted"] == 1
+    assert report.aggregate(rows, include_unfitted=True)["parity"]["rope"]["stat"][::2] == (pytest.approx(1.1 / 3), 3)
+    assert agg["parity"]["alibi"]["stat"] == (pytest.approx(0.8), None, 1)
+    scores = [0.4, 0.2]
+    assert agg["reverse_string"]["rope"]["stat"][0] == pytest.approx(0.3)
+    assert agg["reverse_string"]["rope"]["stat"][1] == pytest.approx(T975[1] * np.std(scores, ddof=1) / math.sqrt(2))
+    assert (agg["copy"]["alibi"]["lengths"], agg["copy"]["alibi"]["ood_lengths"]) == (1, 2)  # n/a skipped
+    md = report.aggregate_markdown(rows)
+    lines = md.splitlines()
+    header = lines.index("| level | task | alibi | rope |")
+    assert lines[header + 2:header + 6] == [  # grouped by level: R, DCF, then none
+        "| R | parity | 0.800 | 0.500 ± 0.000 [1 unfitted] |",
+        f"| DCF | reverse_string |  | 0.300 ± {T975[1] * np.std(scores, ddof=1) / math.sqrt(2):.3f} |",
+        "|  | copy | 0.200 [1/2 lengths] |  |",
+        "| | **mean over tasks** | 0.500 [2/3 tasks] | 0.400 [2/3 tasks] |",
+    ]
+
+
+def test_sweep_rows_get_their_own_table_and_plot(tmp_path):
+    base = runs(task="passkey", accs=[(1.0, 0.5)], lengths=(512, 1024), train_length=512)
+    sweep = [dict(r, sweep={"depth": d}, accuracy=a) for d, a in ((0.0, 0.2), (1.0, 0.8)) for r in base]
+    md = report.table_markdown(base + sweep)
+    assert "| rope | 1.000 (EM 0.50) | 0.500 (EM 0.50) |" in md  # the main table has the configured task only
+    assert "### passkey: accuracy vs depth (evaluation sweep)" in md
+    assert "| rope depth=0.0 | 0.200 (EM 0.50) | 0.200 (EM 0.50) |" in md
+    assert "| rope depth=1.0 | 0.800 (EM 0.50) | 0.800 (EM 0.50) |" in md
+    sweeps = report.summarize_sweeps(base + sweep)["passkey"]["depth"]["rope"]
+    assert list(sweeps) == [0.0, 1.0] and sweeps[1.0][1024]["accuracy"][0] == pytest.approx(0.8)
+    assert report.aggregate(base + sweep)["passkey"]["rope"]["stat"][0] == pytest.approx(0.5)  # no sweep rows
+    paths = report.write_plots(base + sweep, str(tmp_path))
+    assert "passkey_sweep_depth.png" in {os.path.basename(p) for p in paths}
+
+
+def test_report_files_heatmap_and_atomic_plot_writes(tmp_path, monkeypatch):
+    rows = (runs(accs=[(1.0, 0.6, 0.4), (1.0, 0.8, 0.2)], fitted=[True, False])
+            + runs(task="duplicate_string", position="alibi", accs=[(1.0, 0.9, 0.7)]))
+    paths = report.write_report(rows, str(tmp_path))
+    names = {os.path.relpath(p, tmp_path) for p in paths}
+    assert {"table.md", "aggregate.md", "plots/aggregate_heatmap.png", "plots/parity_accuracy.png"} <= names
+    for p in paths:
+        assert os.path.getsize(p) > 0
+        if p.endswith(".png"):
+            assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert open(tmp_path / "aggregate.md").read() == report.aggregate_markdown(rows)
+    assert sorted(os.listdir(tmp_path / "plots")) == sorted(os.path.basename(p) for p in paths if "plots" in p)
+    # a write killed before the rename leaves the old figure, and no temporary file
+    heat = str(tmp_path / "plots" / "aggregate_heatmap.png")
+    before = open(heat, "rb").read()
+
+    def killed(*args):
+        raise KeyboardInterrupt("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        plots.write_heatmap(rows, heat)
+    assert open(heat, "rb").read() == before
+    assert not [f for f in os.listdir(tmp_path / "plots") if f.startswith(".")]
+    # no task with accuracy beyond its training length: no aggregate file, no heat-map
+    assert report.write_aggregate(runs(accs=[(1.0,)], lengths=(16,)), str(tmp_path / "none.md")) is False
+    assert plots.write_heatmap(runs(accs=[(1.0,)], lengths=(16,)), str(tmp_path / "none.png")) is None
+    assert not os.path.exists(tmp_path / "none.md") and not os.path.exists(tmp_path / "none.png")
