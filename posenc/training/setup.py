@@ -176,9 +176,11 @@ def resolve(config) -> Resolved:
         return _resolve(config)
     except ConfigError:
         raise
-    except (ValueError, KeyError, AttributeError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        raise ConfigError(message) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    except (KeyError, AttributeError) as e:  # a ConfigDict without a field the run reads
+        text = " ".join(str(e.args[0] if e.args else e).split())
+        raise ConfigError(f"the config lacks a field the run needs: {text}") from e
 
 
 def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bool = True):
