@@ -3,9 +3,14 @@
 ``flash(cfg, q, k, v, q_pos, k_pos, scalars, arrays)`` takes the kernel
 layouts prepared by ``posenc.kernels.flash.flash_attention`` and returns the
 padded output; its VJP runs the dq and dk/dv kernels of
-``posenc.kernels.flash_kernels``. The gradients of the term arrays come out
-of the dq kernel as one partial sum per (batch, head, query block) and are
-summed here.
+``posenc.kernels.flash_kernels``. The forward kernel writes the output in
+float32, kept as the residual: the backward's row term
+``delta_i = do_i . o_i`` must match ``sum_j p_ij dp_ij`` closely, since the
+gradient of a term array sums ``ds = p (dp - delta)`` over every visible
+(query, key) pair; from a bf16-rounded ``o`` those row errors add up (FIRE's
+output-bias gradient at [2, 384, 8, 64]: 20% of its scale, 6% from float32).
+The gradients of the term arrays come out of the dq kernel as one partial
+sum per (batch, head, query block) and are summed here.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from posenc.kernels import flash_kernels as fk
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def flash(cfg, q, k, v, qpos, kpos, scal, arrays):
-    return _forward(cfg, q, k, v, qpos, kpos, scal, arrays)[0]
+    return _forward(cfg, q, k, v, qpos, kpos, scal, arrays)[0].astype(q.dtype)
 
 
 def _flash_fwd(cfg, q, k, v, qpos, kpos, scal, arrays):
     o, lse = _forward(cfg, q, k, v, qpos, kpos, scal, arrays)
-    return o, (q, k, v, qpos, kpos, scal, arrays, o, lse)
+    return o.astype(q.dtype), (q, k, v, qpos, kpos, scal, arrays, o, lse)
 
 
 def _flash_bwd(cfg, res, do):
@@ -114,7 +119,7 @@ def _forward(cfg, q, k, v, qpos, kpos, scal, arrays):
     grid = (B, H, lqp // cfg.block_q)
     row = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i: (b, h, i, 0))
     out_specs = [pl.BlockSpec((None, None, cfg.block_q, dh), lambda b, h, i: (b, h, i, 0)), row]
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+    out_shape = [jax.ShapeDtypeStruct(q.shape, jnp.float32),
                  jax.ShapeDtypeStruct((B, H, lqp, 1), jnp.float32)]
     return _call(cfg, fk._fwd_kernel, "posenc_flash_fwd", grid,
                  _query_specs(cfg, q, k, qpos, kpos, arrays), out_specs, out_shape,

@@ -1,6 +1,7 @@
 """ALiBi: a linear distance bias, no parameters."""
 
 from posenc import alibi
+from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 
 
@@ -13,3 +14,6 @@ class ALiBi(Encoding):
 
     def bias(self, q_positions, k_positions):
         return alibi.bias(q_positions, k_positions, alibi.slopes(self.num_heads))
+
+    def kernel_terms(self, q_positions, k_positions):
+        return (kernel_lib.alibi(alibi.slopes(self.num_heads)),)

@@ -3,6 +3,7 @@
 from flax import nnx
 
 from posenc import fire
+from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, positive, positive_int
 
@@ -24,3 +25,6 @@ class Fire(Encoding):
     def bias(self, q_positions, k_positions):
         return fire.bias(q_positions, k_positions, {n: p[...] for n, p in self.params.items()},
                          init_L=self.init_L)
+
+    def kernel_terms(self, q_positions, k_positions):
+        return (kernel_lib.fire({n: p[...] for n, p in self.params.items()}, init_L=self.init_L),)

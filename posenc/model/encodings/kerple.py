@@ -4,6 +4,7 @@ import jax
 from flax import nnx
 
 from posenc import kerple
+from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 
 
@@ -21,6 +22,9 @@ class _Kerple(Encoding):
 
     def bias(self, q_positions, k_positions):
         return kerple.bias(q_positions, k_positions, self.a[...], self.p[...], kind=self.kernel)
+
+    def kernel_terms(self, q_positions, k_positions):
+        return (kernel_lib.kerple(self.a[...], self.p[...], kind=self.kernel),)
 
     def constrain(self):
         # The reference clamps the stored parameters (in place, before each forward pass).

@@ -4,6 +4,7 @@ import jax
 from flax import nnx
 
 from posenc import t5
+from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, boolean, positive_int
 
@@ -37,3 +38,6 @@ class T5(Encoding):
 
     def bias(self, q_positions, k_positions):
         return t5.bias(q_positions, k_positions, self.table[...], max_distance=self.max_distance)
+
+    def kernel_terms(self, q_positions, k_positions):
+        return (kernel_lib.t5(self.table[...], max_distance=self.max_distance),)

@@ -1,0 +1,83 @@
+"""Attention of one encoding unit through the fused Pallas kernel (``posenc.kernels``).
+
+FlashAttention-2 (Dao 2023) with the unit's logit terms evaluated per tile,
+``s_ij = softcap(scale q_i . k_j + sum_t E^t_ij)``, so no [L, L] bias or
+weight matrix exists, forward or backward (see ``posenc.kernels.flash``).
+
+:func:`plan` says whether the kernel can run a call of
+``posenc.model.attention.attention`` and builds the unit's terms
+(``Encoding.kernel_terms``): the unit has an in-kernel form (no content
+logits, no values; a bias only with ``kernel_terms``), no statistics are
+asked for, the scale is a static float, a window comes with the causal
+mask, and ``posenc.kernels.supported`` accepts the shapes and dtype.
+:func:`attention` runs it, with the layer's window or chunk span. Compiled kernels
+run on GPU (Triton) and TPU (Mosaic); elsewhere the kernel runs in the
+Pallas interpreter, which is exact but slow (for tests), so
+``attention_impl="auto"`` takes the kernel on accelerators only.
+Shapes: q [B, Lq, H, Dh]; k, v [B, Lk, K, Dh]; positions int [B | 1, L].
+"""
+
+from __future__ import annotations
+
+import jax
+
+from posenc import kernels
+
+ACCELERATORS = ("gpu", "tpu")
+
+
+def platform() -> str:
+    """The default device's platform, "gpu" for CUDA and ROCm ("gpu" | "tpu" | "cpu" | ...)."""
+    p = jax.default_backend()
+    return {"cuda": "gpu", "rocm": "gpu"}.get(p, p)
+
+
+def on_accelerator() -> bool:
+    """Whether compiled kernels run here (GPU or TPU)."""
+    return platform() in ACCELERATORS
+
+
+def _backend():
+    """(backend, interpret) for ``posenc.kernels``: compiled on accelerators, interpreted elsewhere."""
+    p = platform()
+    return (p, False) if p in ACCELERATORS else (None, True)
+
+
+def plan(q, k, v, q_positions, k_positions, encoding, *, scale, return_stats=False, causal=True,
+         window=0):
+    """``(terms, "")`` when the kernel can run this call, else ``(None, why)``."""
+    name = type(encoding).name or type(encoding).__name__
+    if return_stats:
+        return None, "statistics (max logit, entropy) are computed by the XLA path"
+    if window and not causal:
+        return None, "the kernel's window is causal (p - W < j) only, not symmetric"
+    if not type(encoding).has_kernel_form():
+        return None, (f"encoding {name!r} has no in-kernel form (content logits, values, "
+                      "or a bias without kernel_terms)")
+    if isinstance(scale, jax.core.Tracer):
+        return None, "the logit scale is traced (the kernel takes a static float)"
+    if not (q.dtype == k.dtype == v.dtype):
+        return None, f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})"
+    terms = encoding.kernel_terms(q_positions, k_positions)
+    if terms is None:
+        return None, f"encoding {name!r} returned no kernel terms"
+    terms = kernels.score_term.as_terms(terms)
+    backend, interpret = _backend()
+    ok, why = kernels.supported(q.shape, k.shape, dtype=q.dtype, score_terms=terms,
+                                backend=backend, interpret=interpret)
+    return (terms, "") if ok else (None, why)
+
+
+def attention(q, k, v, q_positions, k_positions, terms, *, scale, causal=True, q_offset=0,
+              kv_length=None, softcap=0.0, window=0, chunk=0):
+    """``posenc.kernels.flash_attention`` with the terms of :func:`plan`; -> [B, Lq, H, Dh] in q.dtype.
+
+    ``window`` / ``chunk`` (0 = off): the span masks of ``posenc.model.attention``; the
+    kernel skips the key blocks outside them.
+    """
+    backend, interpret = _backend()
+    return kernels.flash_attention(
+        q, k, v, q_positions=q_positions, k_positions=k_positions, score_terms=terms,
+        scale=float(scale), causal=causal, q_offset=q_offset, kv_length=kv_length,
+        softcap=float(softcap), window=window or None, chunk=chunk or None, backend=backend,
+        interpret=interpret)
