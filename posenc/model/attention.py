@@ -32,8 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from posenc import norms
+from posenc.model import fused
 
-IMPLS = ("auto", "dense", "blocked")
+IMPLS = ("auto", "dense", "blocked", "pallas")
 _NEG = -1e30  # finite mask value: exp(_NEG - m) underflows to 0 without inf - inf = nan
 
 
@@ -265,7 +266,11 @@ def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True
       q_offset: index of the first query among the keys (int or traced scalar).
       kv_length: number of valid keys (default Lk; traced in decoding).
       softcap: 0 = off, else ``cap * tanh(s / cap)`` on the pre-mask logits.
-      impl: "dense", "blocked" or "auto" (dense when Lq and Lk <= block).
+      impl: "dense", "blocked", "pallas" (the fused kernel of posenc.model.fused; in the
+        Pallas interpreter on CPU) or "auto": the fused kernel on GPU / TPU where it
+        applies, else dense when Lq and Lk <= block, else blocked. Calls the kernel cannot
+        run (statistics) take the "auto" choice; with "pallas", a unit without an
+        in-kernel form is a ValueError.
       block: query / key block size of the blocked path.
       causal_block: dense path only: causal query blocks of this size attend to
         the keys up to their diagonal only (0 = one block; see dense_attention).
@@ -276,6 +281,16 @@ def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True
     check_impl(impl)
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"num_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[2]}")
+    if impl == "pallas" or (impl == "auto" and fused.on_accelerator()):
+        terms, why = fused.plan(q, k, v, q_positions, k_positions, encoding, scale=scale,
+                                return_stats=return_stats, causal=causal)
+        if terms is not None:
+            return fused.attention(q, k, v, q_positions, k_positions, terms, scale=scale,
+                                   causal=causal, q_offset=q_offset, kv_length=kv_length,
+                                   softcap=softcap)
+        if impl == "pallas" and not return_stats:
+            raise ValueError(f"attention_impl 'pallas' cannot run this call: {why}")
+        impl = "auto"
     if impl == "auto":
         impl = "dense" if max(q.shape[1], k.shape[1]) <= block else "blocked"
     kw = dict(scale=scale, causal=causal, q_offset=q_offset, kv_length=kv_length,

@@ -25,7 +25,13 @@ branches on the kind):
 - ``values(weights, q_positions, k_positions)``: a term added to ``w @ v``
   (Shaw), linear in ``weights`` so the online softmax may rescale it;
 - ``constrain()``: project parameters back into their domain after an
-  optimizer update (KERPLE keeps its parameters >= 0.01).
+  optimizer update (KERPLE keeps its parameters >= 0.01);
+- ``kernel_terms(q_positions, k_positions)``: the unit's ``bias`` as
+  ``posenc.kernels`` score terms, which the fused attention kernel
+  evaluates per tile (``posenc.model.fused``); ``()`` when the unit adds
+  nothing to the logits (RoPE, NoPE), ``None`` when it has no in-kernel form
+  (the default for a unit with a ``bias``, and for every unit with content
+  logits or values): attention then keeps the XLA path.
 
 Facts a unit declares as class attributes: ``full_rows`` (needs every key of
 a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
@@ -132,6 +138,13 @@ class Encoding(nnx.Module):
         return overrides(type(self), "values")
 
     @classmethod
+    def has_kernel_form(cls) -> bool:
+        """Whether the fused kernel can run the unit's attention (see ``kernel_terms``)."""
+        if overrides(cls, "content_logits") or overrides(cls, "values"):
+            return False
+        return overrides(cls, "kernel_terms") or not overrides(cls, "bias")
+
+    @classmethod
     def longest_sequence(cls, options: dict) -> int | None:
         """The longest sequence the unit can encode with these options (None: no limit)."""
         return None
@@ -159,6 +172,11 @@ class Encoding(nnx.Module):
 
     def values(self, weights, q_positions, k_positions):
         return None
+
+    def kernel_terms(self, q_positions, k_positions):
+        # No logit term at all (RoPE, NoPE): the kernel runs with none. A bias
+        # without an override here has no in-kernel form.
+        return () if type(self).has_kernel_form() else None
 
     def constrain(self) -> None:
         """Project parameters into their domain (after each optimizer update)."""

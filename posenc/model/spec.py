@@ -16,12 +16,24 @@ import types
 from typing import Any, Mapping
 
 from posenc import checks, registry
-from posenc.model import attention, encoding
+from posenc.model import attention, encoding, fused
 from posenc.model import config as config_lib
 from posenc.model import options as options_lib
 
 MLPS = ("gelu", "swiglu")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_dtype(name: str) -> str:
+    """The compute dtype ``model.dtype`` names: "auto" is bfloat16 on GPU and TPU, float32 elsewhere.
+
+    bfloat16 compute keeps float32 parameters, accumulation, softmax, norm
+    statistics and rotary angles (the layers and pure functions do that).
+    """
+    name = checks.choice("model.dtype", name, DTYPES)
+    if name == "auto":
+        return "bfloat16" if fused.on_accelerator() else "float32"
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +76,7 @@ class ModelSpec:
     mlp_ratio: float
     dropout: float
     tie_embeddings: bool
-    dtype: str
+    dtype: str  # resolved: "float32" | "bfloat16" ("auto" in the config: by platform)
     attention_block: int
     attention_impl: str
     attention_causal_block: int
@@ -102,7 +114,7 @@ def _spec(cfg, train_length) -> ModelSpec:
     for name in ("num_kv_heads", "head_dim", "attention_causal_block"):
         _int(name, cfg[name], 0)
     checks.choice("model.mlp", cfg.mlp, MLPS)
-    checks.choice("model.dtype", cfg.dtype, DTYPES)
+    dtype = resolve_dtype(cfg.dtype)
     checks.choice("model.attention_impl", cfg.attention_impl, attention.IMPLS)
     dropout = checks.number("model.dropout", cfg.dropout, minimum=0.0, below=1.0)
     mlp_ratio = checks.number("model.mlp_ratio", cfg.mlp_ratio, positive=True)
@@ -115,15 +127,20 @@ def _spec(cfg, train_length) -> ModelSpec:
     kv = int(cfg.num_kv_heads) or num_heads
     if num_heads % kv:
         raise ValueError(f"model.num_heads {num_heads} is not divisible by model.num_kv_heads {kv}")
+    position = _position(cfg.position, head_dim=head_dim, num_heads=num_heads,
+                         num_layers=num_layers, train_length=train_length)
+    if cfg.attention_impl == "pallas":
+        no_kernel = [k for k in position.layer_kinds if not encoding.get(k).has_kernel_form()]
+        if no_kernel:
+            raise ValueError(f"model.attention_impl='pallas' needs encodings with an in-kernel "
+                             f"form; {', '.join(dict.fromkeys(no_kernel))} has none (use 'auto')")
     return ModelSpec(
         vocab_size=sizes["vocab_size"], d_model=d_model, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=kv, head_dim=head_dim, mlp=cfg.mlp, mlp_ratio=mlp_ratio, dropout=dropout,
-        tie_embeddings=bool(cfg.tie_embeddings), dtype=cfg.dtype,
+        tie_embeddings=bool(cfg.tie_embeddings), dtype=dtype,
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
-        position=_position(cfg.position, head_dim=head_dim, num_heads=num_heads,
-                           num_layers=num_layers, train_length=train_length),
-        norm=_norm(cfg.norm),
+        position=position, norm=_norm(cfg.norm),
     )
 
 
