@@ -1,0 +1,145 @@
+"""The findings grids of configs/compare.py (quick, lm, randomized, interaction) and experiments/findings.py."""
+
+import os
+
+import pytest
+
+from configs import compare
+from experiments import compare as compare_main
+from experiments import findings
+from posenc import placements, tasks
+from posenc.model import ENCODINGS
+
+
+def _points(arg, **grid):
+    c = compare.get_config(arg)
+    c.grid.update(grid)
+    return c, compare_main.expand(c)  # every point validated (ConfigError on a bad one)
+
+
+def test_quick_fits_then_extrapolates_six_encodings_to_8x_with_3_seeds():
+    c, points = _points("quick")
+    assert {"nope", "sinusoidal", "learned", "rope", "alibi", "t5"} <= set(c.grid.positions)
+    assert len(c.grid.seeds) >= 3 and c.grid.vmap_seeds
+    b = c.base
+    L = b.task.train_length
+    assert tuple(b.eval.lengths) == (L, 2 * L, 4 * L, 8 * L)
+    assert b.train.fit_accuracy == 0.99 and b.train.steps >= 10 * b.train.fit_check_every
+    learned = next(p for p in points if p.variant == "learned")
+    assert learned.resolved.config.model.position.learned.max_length == 8 * L  # rows to 8x, not n/a
+    assert len(compare_main.cells(points)) == len(c.grid.positions)
+
+
+@pytest.mark.parametrize("arg", ["lm", "lm_quick"])
+def test_lm_grids_train_text_at_L_and_evaluate_to_16L(arg):
+    c, points = _points(arg)
+    assert set(c.grid.tasks) == {"text"} and len(c.grid.seeds) >= 2
+    assert {"sinusoidal", "rope", "alibi", "t5", "kerple_log", "fire", "nope"} <= set(c.grid.positions)
+    L = c.base.task.train_length
+    assert tuple(c.base.eval.lengths) == tuple(f * L for f in (1, 2, 4, 8, 16))
+    assert all(p.resolved.config.task.name == "text" for p in points)
+
+
+def test_randomized_quick_pairs_every_encoding_with_its_randomized_variant():
+    c, points = _points("randomized_quick")
+    assert c.findings == "randomized"
+    kinds = {p.variant for p in points if not p.variant.endswith("_randomized")}
+    assert {p.variant for p in points} == kinds | {f"{k}_randomized" for k in kinds}
+    for p in points:
+        pos = p.resolved.config.model.position
+        assert pos.randomized == p.variant.endswith("_randomized")
+        if pos.kind == "learned":  # the table holds every position the run can see
+            need = pos.randomized_max_position if pos.randomized else max(p.resolved.config.eval.lengths)
+            assert pos.learned.max_length >= need
+    levels = {tasks.spec(t)["level"] for t in c.grid.tasks}
+    assert "copy" in c.grid.tasks and {"DCF", "CS"} <= levels
+
+
+def test_randomized_full_covers_every_chomsky_task_and_every_encoding_but_nope():
+    c = compare.get_config("randomized")
+    assert set(compare.chomsky_tasks()) | {"copy", "reverse"} == set(c.grid.tasks)
+    assert set(c.grid.positions) == {k + s for k in ENCODINGS if k != "nope" for s in ("", "_randomized")}
+    # validate one point per encoding variant on the longest task lengths (the full grid has ~2000)
+    c.grid.update(tasks=(c.grid.tasks[-1],), seeds=(0,))
+    assert len(compare_main.expand(c)) == len(c.grid.positions)
+
+
+@pytest.mark.parametrize("arg", ["interaction", "interaction_quick"])
+def test_interaction_grids(arg):
+    c = compare.get_config(arg)
+    assert c.findings == "interaction" and set(c.grid.tasks) == {"copy", "text"}
+    assert {"rope", "alibi", "nope", "t5"} <= {p.removesuffix("_qknorm") for p in c.grid.positions}
+    for p in c.grid.positions:
+        want = "rms" if p.endswith("_qknorm") else None
+        assert c.variants[p].get("model.norm.qk_norm") == want
+    if arg == "interaction":
+        assert set(c.grid.placements) == {"pre", "post", "sandwich", "reordered", "deepnorm", "mixln"}
+        assert len(c.grid.seeds) >= 3
+    # Mix-LN has a post-norm layer and a pre-norm one at this depth (not plain pre-LN)
+    mix = c.variants["mixln"]["model.norm.mixln_fraction"]
+    assert 1 <= placements.num_post_layers(c.base.model.num_layers, mixln_fraction=mix) < c.base.model.num_layers
+    c.grid.update(seeds=(0,))
+    points = compare_main.expand(c)
+    text = [p for p in points if p.resolved.config.task.name == "text"]
+    assert text and all(p.resolved.config.train.fit_accuracy == 0 for p in text)  # LM: a fixed budget
+
+
+# ---------------------------------------------------------------- findings
+def _row(task, variant, seed, length, value, *, placement="pre", train_length=8, fitted=None, diverged=False):
+    metric = "loss" if task == "text" else "accuracy"
+    return {"task": task, "variant": variant, "position": variant.split("_")[0], "placement": placement,
+            "seed": seed, "run": f"{task}_{variant}_{placement}_s{seed}", "config_hash": "h",
+            "eval_length": length, "train_length": train_length, metric: value, "fitted": fitted,
+            "diverged_at_step": 3 if diverged else None}
+
+
+def _runs(task, variant, ood_by_seed, *, ind=1.0, **kw):
+    rows = []
+    for seed, ood in enumerate(ood_by_seed):
+        rows += [_row(task, variant, seed, 8, ind, **kw), _row(task, variant, seed, 16, ood[0], **kw),
+                 _row(task, variant, seed, 32, ood[1], **kw)]
+    return rows
+
+
+def test_randomized_gain_per_encoding_and_overall():
+    rows = (_runs("a", "rope", [(0.2, 0.4), (0.4, 0.6)])                 # seed OOD means 0.3, 0.5 -> 0.4
+            + _runs("a", "rope_randomized", [(0.6, 0.8), (0.8, 1.0)])    # 0.7, 0.9 -> 0.8: gain +0.4
+            + _runs("b", "rope", [(0.5, 0.5), (0.5, 0.5)])
+            + _runs("b", "rope_randomized", [(0.6, 0.6), (0.6, 0.6)])    # gain +0.1
+            + _runs("a", "alibi", [(0.5, 0.5)])
+            + _runs("a", "alibi_randomized", [(0.4, 0.4)], fitted=False))  # nothing fitted: left out
+    res = findings.randomized_gain(rows)
+    assert res["tasks"]["a"]["rope"] == pytest.approx(0.4) and res["tasks"]["b"]["rope"] == pytest.approx(0.1)
+    mean, half, n = res["per_encoding"]["rope"]
+    assert (mean, n) == (pytest.approx(0.25), 2)
+    assert half == pytest.approx(12.7062 * 0.15, rel=1e-4)  # t_0.975,1 s / sqrt(2), s = 0.3 / sqrt(2)
+    assert res["missing"] == [("a", "alibi")] and res["per_encoding"]["alibi"] is None
+    assert res["overall"][0] == pytest.approx(0.25)
+    md = findings.randomized_markdown(rows)
+    assert "+0.400" in md and "[1 unfitted]" in md and "a/alibi" in md
+
+
+def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
+    rows = []
+    for variant, scores in (("rope", {"pre": 0.9, "post": 0.5}), ("alibi", {"pre": 0.3, "post": 0.8})):
+        for placement, s in scores.items():
+            rows += _runs("copy", variant, [(s, s), (s + 0.01, s + 0.01), (s - 0.01, s - 0.01)],
+                          placement=placement)
+    rows += _runs("copy", "nope", [(0.7, 0.7)], placement="pre") + _runs("copy", "nope", [(0.1, 0.1)],
+                                                                         placement="post", diverged=True)
+    # text: lower log-perplexity is better
+    rows += _runs("text", "rope", [(2.0, 2.2), (2.1, 2.1)], placement="pre")
+    rows += _runs("text", "rope", [(1.5, 1.7), (1.6, 1.6)], placement="post")
+    res = findings.best_placements(rows)
+    assert res["copy"]["rope"]["best"] == "pre" and res["copy"]["rope"]["clear"]
+    assert res["copy"]["alibi"]["best"] == "post" and res["copy"]["alibi"]["clear"]
+    assert res["copy"]["nope"]["best"] == "pre" and res["copy"]["nope"]["cells"]["post"]["diverged"] == 1
+    assert res["text"]["rope"]["best"] == "post"
+    md = findings.interaction_markdown(rows)
+    assert "depends on the encoding, with non-overlapping intervals: alibi: post, rope: pre" in md
+    written = findings.write("interaction", rows, str(tmp_path))
+    assert [os.path.basename(p) for p in written] == [
+        "findings.md", "findings_interaction_copy.png", "findings_interaction_text.png"]
+    with pytest.raises(ValueError, match="choose one of"):
+        findings.write("gain", rows, str(tmp_path))
+    assert findings.write("", rows, str(tmp_path)) == []
