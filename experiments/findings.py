@@ -308,22 +308,28 @@ def write(kind: str, rows, workdir: str) -> list[str]:
     return [md] + plot_interaction(rows, plots_dir)
 
 
-def copy_figures(workdir: str, directory: str, name: str) -> list[str]:
-    """Copy the grid's main figures into ``directory`` as ``findings_<name>_<file>``.
+def copy_figures(workdir: str, directory: str, name: str, plots=None) -> list[str]:
+    """Copy figures of the grid in ``workdir`` into ``directory`` as ``findings_<name>_<file>``.
 
-    The main figures: each task's accuracy plot, the text log-perplexity
-    plot, the aggregate heat-map and the findings figures.
+    ``plots``: the file names (without .png) under WORKDIR/plots to copy;
+    None: the main ones (each task's accuracy plot, the text log-perplexity
+    plot, the aggregate heat-map and the findings figures).
     """
     plots_dir = os.path.join(workdir, "plots")
     os.makedirs(directory, exist_ok=True)
+    if plots is None:
+        plots = [f[:-4] for f in sorted(os.listdir(plots_dir)) if f.endswith(".png") and "_sweep_" not in f and (
+            f.endswith("_accuracy.png") or f.startswith("findings_")
+            or f in ("text_log_perplexity.png", "aggregate_heatmap.png"))]
     out = []
-    for f in sorted(os.listdir(plots_dir)):
-        main = (f.endswith("_accuracy.png") or f in ("text_log_perplexity.png", "aggregate_heatmap.png")
-                or f.startswith("findings_"))
-        if main and "_sweep_" not in f:
-            target = os.path.join(directory, f"findings_{name}_{f[len('findings_'):] if f.startswith('findings_') else f}")
-            shutil.copyfile(os.path.join(plots_dir, f), target)
-            out.append(target)
+    for stem in plots:
+        source = os.path.join(plots_dir, f"{stem}.png")
+        if not os.path.exists(source):
+            raise ValueError(f"{source} does not exist; the plots of {workdir} are: "
+                             f"{', '.join(sorted(f[:-4] for f in os.listdir(plots_dir)))}")
+        target = os.path.join(directory, f"findings_{name}_{stem.removeprefix('findings_')}.png")
+        shutil.copyfile(source, target)
+        out.append(target)
     return out
 
 
@@ -333,6 +339,8 @@ def define_flags() -> None:
     flags.DEFINE_enum("kind", "", KINDS, "Findings to write (the grid config's `findings`; '' = none).")
     flags.DEFINE_string("figures", None, "Copy the grid's main figures into this directory.")
     flags.DEFINE_string("name", None, "File name part of the copied figures (with --figures).")
+    flags.DEFINE_list("plots", None, "With --figures: the plots to copy (file names without .png; "
+                      "default: the main ones).")
     flags.mark_flags_as_required(["workdir"])
 
 
@@ -348,7 +356,7 @@ def main(argv):
     if f.figures:
         if not f.name:
             raise app.UsageError("--figures needs --name")
-        for path in copy_figures(f.workdir, f.figures, f.name):
+        for path in copy_figures(f.workdir, f.figures, f.name, f.plots):
             print(path)
 
 

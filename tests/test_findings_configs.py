@@ -140,6 +140,11 @@ def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
     written = findings.write("interaction", rows, str(tmp_path))
     assert [os.path.basename(p) for p in written] == [
         "findings.md", "findings_interaction_copy.png", "findings_interaction_text.png"]
+    copied = findings.copy_figures(str(tmp_path), str(tmp_path / "figs"), "grid")
+    assert [os.path.basename(p) for p in copied] == ["findings_grid_interaction_copy.png",
+                                                     "findings_grid_interaction_text.png"]
+    with pytest.raises(ValueError, match="the plots of .* are: findings_interaction_copy"):
+        findings.copy_figures(str(tmp_path), str(tmp_path / "figs"), "grid", ["copy_accuracy"])
     with pytest.raises(ValueError, match="choose one of"):
         findings.write("gain", rows, str(tmp_path))
     assert findings.write("", rows, str(tmp_path)) == []
