@@ -8,15 +8,55 @@ complete runs are skipped, so an interrupted comparison resumes. Writes
 WORKDIR/results.jsonl, WORKDIR/table.md and WORKDIR/plots/<task>_<metric>.png.
 
 Args:
-    quick     (default) nope, sinusoidal, learned, rope, alibi, t5 on copy,
-              trained at length 16, evaluated at 16, 32, 64, 128 (8x), 2 seeds.
-              The learned table has only 16 rows, so its longer lengths are n/a.
+    quick     (default) nope, sinusoidal, learned, rope, alibi, t5 on copy at
+              length 16 (3 layers, d_model 64), 3 seeds trained together, each
+              until 0.99 validation accuracy at length 16 (at most 4000 steps),
+              then evaluated at 16, 32, 64, 128 (8x). The learned table has 128
+              rows (untrained past 16).
     full      every registered encoding, 3 seeds, copy and reverse, the default
               (longer) training.
     norms     RoPE with every norm placement, 2 seeds, a higher learning rate.
     scaling   RoPE context extension at factor 4: one RoPE model per seed, trained
-              once and evaluated zero-shot with PI, NTK, dynamic NTK, YaRN and Llama 3
-              scaling (evaluation variants), beside RoPE trained with YaRN and ALiBi.
+              once and evaluated zero-shot with PI, NTK, dynamic NTK, YaRN (paper and
+              quadratic temperature), dynamic YaRN, LongRoPE (the YaRN factors its
+              search starts from; searched factors and fine-tuning: experiments.extend)
+              and Llama 3 scaling (evaluation variants), beside RoPE trained with YaRN
+              and ALiBi.
+    chomsky   every task with a Chomsky-hierarchy level (R, DCF, CS; read off the
+              task registry) x nope, sinusoidal, rope, alibi, t5, fire,
+              transformer_xl and randomized sinusoidal / rope (Ruoss et al. 2023),
+              3 seeds; trained on problem sizes up to 40 until 0.99 accuracy
+              (at most 10000 steps), evaluated at sizes 40, 80, 160, 320, 500.
+    chomsky_quick  parity (R), reverse_string (DCF), duplicate_string (CS) x nope,
+              rope, alibi, 2 seeds, sizes up to 8, evaluated at sizes 8-64, fit to
+              0.95 accuracy in at most 1500 steps.
+    suite     recall, state tracking and Kazemnejad et al. 2023 tasks: mqar,
+              flip_flop (p_ignore swept at evaluation), passkey (depth swept),
+              induction, polynomial, summation, lego, count x nope, sinusoidal,
+              rope, alibi, t5, fire, 3 seeds, each at its own training length
+              (64 tokens; lego 32, passkey 512), evaluated up to 8x; fit as chomsky.
+    suite_quick  flip_flop (with its sweep) and count x nope, rope, alibi, 2 seeds
+              at length 32, evaluated up to 8x, fit as chomsky_quick.
+    lm        Press et al. 2022: byte-level LM on the Python stdlib at L = 256
+              (d_model 256, 4 layers, 10000 steps) x sinusoidal, rope, alibi, t5,
+              kerple_log, fire, nope, 3 seeds; perplexity at L, 2L, 4L, 8L, 16L over
+              all tokens and over the last L of each non-overlapping held-out window.
+    lm_quick  the same at L = 64 (d_model 64, 2 layers, 1000 steps, 2 MB of text),
+              evaluated at 64-1024, 2 seeds.
+    randomized  Ruoss et al. 2023: every encoding but NoPE with and without
+              randomized positions (from [0, 2048)) on every Chomsky task, copy and
+              reverse, trained on sizes up to 40, evaluated at sizes 40-500, 3 seeds;
+              findings.md: the OOD accuracy gain per encoding (experiments.findings).
+    randomized_quick  sinusoidal, learned, rope (+ randomized) on copy,
+              reverse_string, duplicate_string, sizes up to 8, evaluated at 8-64,
+              2 seeds, fit as chomsky_quick.
+    interaction  rope, alibi, nope, t5, each with and without QK-norm (rms) x
+              pre, post, sandwich, reordered, deepnorm, mixln, 3 seeds, on copy (the
+              quick grid's model, fit to 0.99) and on text (length 64, 2000 steps);
+              findings.md: the best placement per encoding, and whether it depends
+              on the encoding.
+    interaction_quick  the same with 2 layers, no reordered, 2 seeds, copy fit to
+              0.95 in at most 1500 steps, text at length 32 for 300 steps.
 
 Grid fields: `grid.tasks`, `grid.positions`, `grid.placements`, `grid.norms`,
 `grid.seeds` (each entry is a value of task.name, model.position.kind,
@@ -41,7 +81,8 @@ import ml_collections
 
 from configs import default  # the repository root is on sys.path (python -m experiments...)
 
-ARGS = ("quick", "full", "norms", "scaling")
+ARGS = ("quick", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
+        "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick")
 
 
 def _grid(**kw) -> ml_collections.ConfigDict:
@@ -51,6 +92,188 @@ def _grid(**kw) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(g)
 
 
+def chomsky_tasks() -> tuple[str, ...]:
+    """Every registered task with a Chomsky-hierarchy level (registry names, aliases left out)."""
+    from posenc import tasks
+
+    return tuple(n for n in tasks.TASKS if tasks.spec(n)["level"] and tasks.spec(n)["task"] == n)
+
+
+def _sized(name: str, train_size: int, eval_sizes) -> dict:
+    """Fields of a task trained on problem sizes up to ``train_size`` and evaluated at ``eval_sizes``."""
+    from posenc import tasks
+
+    task = tasks.make(name)  # length L holds a size-n problem when seq_len(n) <= L + 1
+    return {"task.name": name, "task.train_length": task.seq_len(train_size) - 1,
+            "eval.lengths": tuple(task.seq_len(n) - 1 for n in eval_sizes)}
+
+
+def _at_length(name: str, length: int, factors=(1, 2, 4, 8)) -> dict:
+    """Fields of a task trained at ``length`` tokens and evaluated at ``factors`` x ``length``."""
+    return {"task.name": name, "task.train_length": length, "eval.lengths": tuple(f * length for f in factors)}
+
+
+def _randomized(kinds, max_position: int) -> dict:
+    """Randomized-position variants (Ruoss et al. 2023) of ``kinds``: ``<kind>_randomized``."""
+    return {f"{k}_randomized": {"model.position.kind": k, "model.position.randomized": True,
+                                "model.position.randomized_max_position": max_position} for k in kinds}
+
+
+def _task_grid(c, per_task: dict, positions, *, quick: bool) -> None:
+    """Task variants (one per task: its lengths) x ``positions``; fit, then extrapolate."""
+    b = c.base
+    if quick:
+        b.model.update(d_model=64, num_layers=2, num_heads=4)
+        b.train.update(steps=1500, batch_size=32, learning_rate=3e-3, warmup_steps=50)
+    else:
+        b.model.update(d_model=64, num_layers=5, num_heads=8)  # the model size of Ruoss et al. 2023
+        b.train.update(steps=10000, batch_size=128, learning_rate=1e-3, warmup_steps=500)
+    every = 250 if quick else 500
+    # Fit, then extrapolate: stop once accuracy at the training length reaches the target (0.99;
+    # 0.95 for the quick grids' short budget), at most train.steps.
+    b.train.update(fit_accuracy=0.95 if quick else 0.99, fit_check_every=every, checkpoint_every=every,
+                   log_every=every, progress=False)
+    b.eval.update(batch_size=32, num_batches=2 if quick else 4)
+    c.variants = default.fields({**per_task, **c.variants.to_dict()})
+    c.grid = _grid(tasks=tuple(per_task), positions=tuple(positions), seeds=(0, 1) if quick else (0, 1, 2))
+
+
+def _more_zero_shot(base, factor: float) -> dict:
+    """Dynamic YaRN (s = n / L), YaRN with the quadratic temperature, and LongRoPE with the
+    YaRN factors its search starts from (searched factors: experiments.extend)."""
+    from posenc import rope, rope_search
+
+    m = base.model
+    rotary = rope.rotary_dim(m.head_dim or m.d_model // m.num_heads, m.position.rope.rotary_fraction)
+    start = rope_search.seed_factors(rotary, factor=factor, original_length=base.task.train_length)["yarn"]
+    return {
+        "dynamic_yarn": {"model.position.rope.scaling": "dynamic_yarn"},
+        "yarn_quadratic": {"model.position.rope.scaling": "yarn", "model.position.rope.factor": factor,
+                           "model.position.rope.temperature": "quadratic"},
+        "longrope_yarn_start": {"model.position.rope.scaling": "longrope",
+                                "model.position.rope.factor": factor,
+                                "model.position.rope.short_factor": (1.0,) * len(start),
+                                "model.position.rope.long_factor": tuple(float(v) for v in start)},
+    }
+
+
+def _quick_copy(b) -> None:
+    """The quick grid's task, model and budget (chosen by measurement: docs/results_findings.md).
+
+    Copy at length 16 (strings of 7 symbols), evaluated at 16-128 (8x); 3
+    layers, so that NoPE fits too (with 2 it reached 0.85-0.975 in 4000
+    steps); trained until 0.99 validation token accuracy at length 16
+    (checked every 250 steps), at most 4000 steps (every seed of every
+    encoding fitted, NoPE last, at 3250-4000).
+    """
+    b.task.train_length = 16
+    b.model.update(d_model=64, num_layers=3, num_heads=4)
+    b.train.update(steps=4000, batch_size=32, learning_rate=3e-3, warmup_steps=75, fit_accuracy=0.99,
+                   fit_check_every=250, log_every=250, checkpoint_every=1000, progress=False)
+    b.eval.update(lengths=(16, 32, 64, 128), batch_size=32, num_batches=2)
+
+
+LM_POSITIONS = ("sinusoidal", "rope", "alibi", "t5", "kerple_log", "fire", "nope")
+
+
+def _lm(c, *, quick: bool) -> None:
+    """Press et al. 2022: a byte-level LM trained at L, perplexity at L, 2L, 4L, 8L, 16L.
+
+    Held-out split, non-overlapping windows; perplexity over all tokens and
+    over the last L tokens of each window (posenc.training.evaluate).
+    """
+    c.base = default.get_config("text")
+    b = c.base
+    L = 64 if quick else 256
+    b.task.train_length = L
+    # 64 windows per length (fewer where the held-out split has fewer), the same ones for every run
+    b.eval.update(lengths=tuple(f * L for f in (1, 2, 4, 8, 16)), batch_size=8, num_batches=8)
+    if quick:
+        b.model.update(d_model=64, num_layers=2, num_heads=4)
+        b.train.update(steps=1000, batch_size=32, learning_rate=3e-3, warmup_steps=100)
+    else:  # the whole stdlib corpus, a larger model, 10x the steps (accelerators)
+        b.task.options.max_bytes = None
+        b.model.update(d_model=256, num_layers=4, num_heads=8)
+        b.train.update(steps=10000, batch_size=32, learning_rate=1e-3, warmup_steps=500)
+    b.train.update(log_every=250, checkpoint_every=1000, progress=False)
+    c.grid = _grid(tasks=("text",), positions=LM_POSITIONS, seeds=(0, 1) if quick else (0, 1, 2))
+
+
+def randomizable_kinds() -> tuple[str, ...]:
+    """Every registered encoding whose layers read positions (NoPE ignores them: nothing to randomize)."""
+    from posenc.model import ENCODINGS
+
+    return tuple(sorted(k for k in ENCODINGS if k != "nope"))
+
+
+def _randomized_grid(c, *, quick: bool) -> None:
+    """Ruoss et al. 2023: each encoding with and without randomized positions, Chomsky and copy-like tasks.
+
+    Variants ``<kind>`` and ``<kind>_randomized``; the findings report the
+    OOD accuracy gain per encoding (experiments.findings). The learned
+    table gets rows up to the longest position it can see (the longest
+    evaluation length plain, randomized_max_position randomized).
+    """
+    if quick:
+        names, kinds = ("copy", "reverse_string", "duplicate_string"), ("sinusoidal", "learned", "rope")
+        train_size, eval_sizes = 8, (8, 16, 32, 64)
+    else:
+        names, kinds = chomsky_tasks() + ("copy", "reverse"), randomizable_kinds()
+        train_size, eval_sizes = 40, (40, 80, 160, 320, 500)
+    per_task = {n: _sized(n, train_size, eval_sizes) for n in names}
+    longest = max(max(f["eval.lengths"]) for f in per_task.values())
+    max_position = max(2048, 2 ** longest.bit_length())  # [0, 2048) as the reference, more if needed
+    variants = {k: {"model.position.kind": k} for k in kinds}
+    variants.update(_randomized(kinds, max_position))
+    if "learned" in kinds:
+        variants["learned"]["model.position.learned.max_length"] = longest
+        variants["learned_randomized"]["model.position.learned.max_length"] = max_position
+    c.variants = default.fields(variants)
+    _task_grid(c, per_task, tuple(k + s for k in kinds for s in ("", "_randomized")), quick=quick)
+    c.grid.vmap_seeds = True
+    c.findings = "randomized"
+
+
+INTERACTION_POSITIONS = ("rope", "alibi", "nope", "t5")
+INTERACTION_PLACEMENTS = ("pre", "post", "sandwich", "reordered", "deepnorm", "mixln")
+
+
+def _interaction(c, *, quick: bool) -> None:
+    """Position encoding x norm placement x QK-norm, on copy (fit, then extrapolate) and on text.
+
+    Encodings ``<kind>`` and ``<kind>_qknorm`` (QK RMSNorm); Mix-LN with
+    one post-norm layer (the first), pre-norm after it. The findings give
+    the best placement per encoding and whether it depends on the encoding
+    (experiments.findings). The quick grid: 2 layers, 5 placements (no
+    reordered), copy fitted to 0.95 in at most 1500 steps, text at length 32
+    for 300 steps, 2 seeds.
+    """
+    b = c.base
+    _quick_copy(b)
+    if quick:
+        b.model.num_layers = 2
+    text_length = 32 if quick else 64
+    copy = {"task.name": "copy", "task.train_length": 16, "eval.lengths": (16, 32, 64, 128)}
+    text = {"task.name": "text", "task.train_length": text_length, "task.options": {"max_bytes": 2_000_000},
+            "eval.batch_size": 8, "eval.num_batches": 4,
+            "eval.lengths": tuple(f * text_length for f in (1, 2, 4, 8)),
+            "train.fit_accuracy": 0.0, "train.steps": 300 if quick else 2000,
+            "train.warmup_steps": 30 if quick else 100}
+    if quick:  # fit to 0.95 in at most 1500 steps, as the other quick fit grids
+        copy.update({"train.fit_accuracy": 0.95, "train.steps": 1500})
+    variants = {"copy": copy, "text": text,
+                "mixln": {"model.norm.placement": "mixln", "model.norm.mixln_fraction": 1 / b.model.num_layers}}
+    for k in INTERACTION_POSITIONS:
+        variants[k] = {"model.position.kind": k}
+        variants[f"{k}_qknorm"] = {"model.position.kind": k, "model.norm.qk_norm": "rms"}
+    c.variants = default.fields(variants)
+    placements = tuple(p for p in INTERACTION_PLACEMENTS if p != "reordered") if quick else INTERACTION_PLACEMENTS
+    c.grid = _grid(tasks=("copy", "text"), positions=tuple(k + s for k in INTERACTION_POSITIONS
+                                                           for s in ("", "_qknorm")),
+                   placements=placements, seeds=(0, 1) if quick else (0, 1, 2), vmap_seeds=True)
+    c.findings = "interaction"
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The comparison ``arg`` (one of ARGS)."""
     arg = arg or "quick"
@@ -58,14 +281,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name = arg
     c.base = default.get_config()
     c.variants = default.fields({})
+    c.findings = ""  # experiments.findings kind written after the report ("" = none)
     if arg == "quick":
-        b = c.base
-        b.task.train_length = 16
-        b.model.update(d_model=64, num_layers=2, num_heads=4)
-        b.train.update(steps=1500, batch_size=32, learning_rate=3e-3, warmup_steps=75,
-                       log_every=250, checkpoint_every=500, progress=False)
-        b.eval.update(lengths=(16, 32, 64, 128), batch_size=32, num_batches=2)
-        c.grid = _grid(positions=("nope", "sinusoidal", "learned", "rope", "alibi", "t5"), seeds=(0, 1))
+        _quick_copy(c.base)
+        # a table of 8x rows (untrained past 16), so that 2x-8x show how it degrades instead of n/a
+        c.variants = default.fields({"learned": {"model.position.kind": "learned",
+                                                 "model.position.learned.max_length": 128}})
+        c.grid = _grid(positions=("nope", "sinusoidal", "learned", "rope", "alibi", "t5"), seeds=(0, 1, 2),
+                       vmap_seeds=True)
     elif arg == "full":
         from posenc.model import ENCODINGS
 
@@ -83,12 +306,43 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         zero_shot = {name: {"model.position.rope.scaling": kind, "model.position.rope.factor": 4.0}
                      for name, kind in (("pi", "linear"), ("ntk", "ntk"), ("dynamic_ntk", "dynamic"),
                                         ("yarn", "yarn"), ("llama3", "llama3"))}
+        zero_shot.update(_more_zero_shot(c.base, 4.0))
         c.variants = default.fields({
             "rope": {"model.position.kind": "rope", "eval.variants": zero_shot},
             "rope_yarn_trained": {"model.position.kind": "rope", "model.position.rope.scaling": "yarn",
                                   "model.position.rope.factor": 4.0},
         })
         c.grid = _grid(positions=("rope", "rope_yarn_trained", "alibi"), seeds=(0, 1))
+    elif arg in ("chomsky", "chomsky_quick"):
+        # Ruoss et al. 2023: training sizes 1-40, test sizes 41-500, the score is the accuracy
+        # over the test sizes; here decoder tasks, each at the lengths its size law gives.
+        quick = arg == "chomsky_quick"
+        names = ("parity", "reverse_string", "duplicate_string") if quick else chomsky_tasks()
+        train_size, eval_sizes = (8, (8, 16, 32, 64)) if quick else (40, (40, 80, 160, 320, 500))
+        per_task = {n: _sized(n, train_size, eval_sizes) for n in names}
+        longest = max(max(f["eval.lengths"]) for f in per_task.values())
+        # randomized positions from [0, 2048) as the reference, more if an eval length needs it
+        c.variants = default.fields(_randomized(("sinusoidal", "rope"), max(2048, 2 ** longest.bit_length())))
+        _task_grid(c, per_task, ("nope", "rope", "alibi") if quick else (
+            "nope", "sinusoidal", "sinusoidal_randomized", "rope", "rope_randomized", "alibi", "t5", "fire",
+            "transformer_xl"), quick=quick)
+    elif arg in ("suite", "suite_quick"):
+        quick = arg == "suite_quick"
+        if quick:
+            per_task = {n: _at_length(n, 32) for n in ("flip_flop", "count")}
+        else:
+            per_task = {n: _at_length(n, 64) for n in ("mqar", "flip_flop", "induction", "polynomial",
+                                                       "summation", "count")}
+            per_task["lego"] = _at_length("lego", 32, (1, 2, 4))  # at most 26 variables: size 24 at 128
+            per_task["passkey"] = _at_length("passkey", 512)  # the prompt alone takes 253 bytes
+        _task_grid(c, per_task, ("nope", "rope", "alibi") if quick else (
+            "nope", "sinusoidal", "rope", "alibi", "t5", "fire"), quick=quick)
+    elif arg in ("lm", "lm_quick"):
+        _lm(c, quick=arg == "lm_quick")
+    elif arg in ("randomized", "randomized_quick"):
+        _randomized_grid(c, quick=arg == "randomized_quick")
+    elif arg in ("interaction", "interaction_quick"):
+        _interaction(c, quick=arg == "interaction_quick")
     else:
         raise ValueError(f"unknown configs/compare.py argument {arg!r}; choose one of: {', '.join(ARGS)}")
     return c

@@ -64,7 +64,7 @@ def test_unfitted_runs_are_left_out_and_counted():
     assert f"| 0.700 ± {half:.3f} (EM 0.50) [1 unfitted] |" in md
     assert "left out of the cell" in md and "included in the cell" in report.table_markdown(rows, include_unfitted=True)
     # a cell whose every run did not fit; fixed-budget runs (fitted None) have no marks
-    assert "| rope | not fitted | not fitted | not fitted |" in report.table_markdown(rows[6:])
+    assert "| rope | not fitted (1) | not fitted (1) | not fitted (1) |" in report.table_markdown(rows[6:])
     fixed = report.table_markdown(runs(accs=[(1.0, 0.6, 0.4)]))
     assert "unfitted" not in fixed and "| rope | 1.000 (EM 0.50) | 0.600 (EM 0.50) | 0.400 (EM 0.50) |" in fixed
 
@@ -150,3 +150,42 @@ def test_report_files_heatmap_and_atomic_plot_writes(tmp_path, monkeypatch):
     assert report.write_aggregate(runs(accs=[(1.0,)], lengths=(16,)), str(tmp_path / "none.md")) is False
     assert plots.write_heatmap(runs(accs=[(1.0,)], lengths=(16,)), str(tmp_path / "none.png")) is None
     assert not os.path.exists(tmp_path / "none.md") and not os.path.exists(tmp_path / "none.png")
+
+
+def test_task_suite_grids_expand_and_validate():
+    import importlib.util
+
+    from experiments import compare as compare_main
+    from posenc import tasks
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("cfg_compare", os.path.join(root, "configs", "compare.py"))
+    configs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(configs)
+    leveled = {n for n in tasks.TASKS if tasks.spec(n)["level"] and tasks.spec(n)["task"] == n}
+    assert set(configs.chomsky_tasks()) == leveled and len(leveled) >= 15
+    grids = {}
+    for arg in ("chomsky", "chomsky_quick", "suite", "suite_quick"):
+        c = configs.get_config(arg)
+        seeds = len(c.grid.seeds)
+        c.grid.seeds = c.grid.seeds[:1]  # every point validated; the other seeds differ only in train.seed
+        points = compare_main.expand(c)
+        assert len(points) == len(c.grid.tasks) * len(c.grid.positions)
+        grids[arg] = {(p.resolved.config.task.name, p.variant): p.resolved for p in points}
+        if arg.endswith("quick"):
+            assert seeds * len(points) <= 18 and c.base.train.steps <= 1500
+        for r in grids[arg].values():
+            assert r.config.train.fit_accuracy == (0.95 if arg.endswith("quick") else 0.99)
+            assert max(r.config.eval.lengths) <= r.config.model.position.randomized_max_position or not \
+                r.config.model.position.randomized
+    assert {t for t, _ in grids["chomsky"]} == leveled
+    # problem sizes: trained up to 40, evaluated at 40, 80, 160, 320 and 500 (Ruoss et al. 2023)
+    for (name, _), r in grids["chomsky"].items():
+        assert r.task.max_size(r.config.task.train_length) == 40
+        assert [r.task.max_size(n) for n in r.config.eval.lengths] == [40, 80, 160, 320, 500]
+    rand = grids["chomsky"][("duplicate_string", "rope_randomized")]
+    assert rand.spec.position.randomized and rand.config.model.position.randomized_max_position == 2048
+    assert {t for t, _ in grids["suite"]} == {"mqar", "flip_flop", "passkey", "induction", "polynomial",
+                                                 "summation", "lego", "count"}
+    assert grids["suite"][("passkey", "rope")].config.eval.lengths == (512, 1024, 2048, 4096)
+    assert {t for t, _ in grids["chomsky_quick"]} == {"parity", "reverse_string", "duplicate_string"}

@@ -3,7 +3,7 @@
 Every figure reads the statistics of :mod:`posenc.training.report` (mean
 over seeds, 95% t-interval error bars). Runs that did not fit (``fitted``
 False) are left out of the solid lines by default and drawn apart, dashed
-with ``x`` markers ("k not fitted"); ``include_unfitted=True`` draws one
+with ``x`` markers, no interval ("k not fitted"); ``include_unfitted=True`` draws one
 line over every run. Files:
 
 * ``<task>_<metric>.png``: accuracy, exact match and loss vs eval length
@@ -68,9 +68,14 @@ def _lines(ax, table: dict, unfitted: dict, metric: str, include_unfitted: bool)
             _errorbar(ax, [x for x, _ in pts], [v for _, v in pts], marker="o", color=color, label=name)
         apart = unfitted.get(label, {})
         upts = [(x, s[metric]) for x, s in apart.items() if s[metric] is not None]
-        if upts and not include_unfitted:
-            _errorbar(ax, [x for x, _ in upts], [v for _, v in upts], marker="x", linestyle="--",
-                      color=color, alpha=0.6, label=f"{label} ({k} not fitted)")
+        if upts and not include_unfitted:  # the mean of the unfitted runs, no interval
+            ax.plot([x for x, _ in upts], [v[0] for _, v in upts], marker="x", linestyle="--",
+                    color=color, alpha=0.6, label=f"{label} ({k} not fitted)")
+
+
+def _unit_range(ax, metric: str) -> None:
+    if metric in ("accuracy", "exact_match"):  # a t-interval of few seeds may reach past [0, 1]
+        ax.set_ylim(-0.03, 1.03)
 
 
 def _length_axes(ax, train_lengths, ylabel: str, title: str) -> None:
@@ -108,6 +113,7 @@ def _length_plots(rows, directory, include_unfitted) -> list[str]:
             _lines(ax, table, apart.get(task, {}), metric, include_unfitted)
             _length_axes(ax, train_lengths, metric,
                          f"{task}: {metric} vs length (mean, 95% t-interval; dotted: training length)")
+            _unit_range(ax, metric)
             fig.tight_layout()
             paths.append(save(fig, os.path.join(directory, f"{task}_{metric}.png")))
             plt.close(fig)
@@ -134,6 +140,7 @@ def _sweep_plots(rows, directory, include_unfitted) -> list[str]:
                 ax.set_xlabel(option)
                 ax.set_ylabel(metric)
                 ax.set_title(f"{task}, length {n}", fontsize=10)
+                _unit_range(ax, metric)
                 ax.grid(True, alpha=0.3)
                 if ax.get_legend_handles_labels()[0]:
                     ax.legend(fontsize=7)
@@ -165,11 +172,11 @@ def write_heatmap(rows, path: str, *, include_unfitted: bool = False) -> str | N
                 values[i, j] = cell["stat"][0]
                 texts[i, j] = f"{values[i, j]:.2f}" + ("†" if cell["unfitted"] and not include_unfitted else "")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(3.0 + 0.9 * len(labels), 1.2 + 0.38 * len(tasks)))
+    fig, ax = plt.subplots(figsize=(3.0 + 0.9 * len(labels), 1.8 + 0.38 * len(tasks)))
     image = ax.imshow(np.ma.masked_invalid(values), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     for (i, j), text in np.ndenumerate(texts):
-        ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                color="black" if values[i, j] > 0.6 else "white")
+        dark = np.isfinite(values[i, j]) and values[i, j] <= 0.6  # empty cells are white
+        ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     levels = [report.task_level(t, rows) for t in tasks]
     ax.set_yticks(range(len(tasks)), [f"{t} [{lv}]" if lv else t for t, lv in zip(tasks, levels)], fontsize=8)
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)

@@ -16,7 +16,7 @@ still counted). Fixed-budget runs (``fitted`` None) are all used. Cells
 that are not applicable (e.g. a learned table past its rows) print
 ``n/a``, runs that diverged ``diverged`` (or ``[k diverged]`` after the
 mean of the other seeds), cells whose every run did not fit ``not
-fitted``.
+fitted (k)``.
 
 Main metric: accuracy (exact match alongside); for ``text`` the
 log-perplexity (loss, nats per token) over all tokens and over the last L
@@ -201,7 +201,7 @@ def _number(stat, digits: int = 3) -> str:
 def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
     main, diverged, unfitted = stats[metric], stats.get("diverged", 0), stats.get("unfitted", 0)
     if main is None:
-        failed = ["diverged"] * bool(diverged) + ["not fitted"] * bool(unfitted)
+        failed = ["diverged"] * bool(diverged) + [f"not fitted ({unfitted})"] * bool(unfitted)
         return " / ".join(failed) if failed else "n/a"
     text = _number(main)
     if extra is not None and stats.get(extra[0]) is not None:
@@ -337,7 +337,7 @@ def _aggregate_cell(cell: dict | None) -> str:
     if stat is None and cell["diverged"]:
         text = "diverged"
     elif stat is None and cell["unfitted"]:
-        text = "not fitted"
+        text = f"not fitted ({cell['unfitted']})"
     if stat is not None and cell["lengths"] < cell["ood_lengths"]:
         notes.append(f"{cell['lengths']}/{cell['ood_lengths']} lengths")
     if stat is not None and cell["diverged"]:
