@@ -7,8 +7,13 @@ is a field value or a ``variants`` name: a dict of dotted fields), trained
 and evaluated in WORKDIR/runs/<name>/ (resumable; complete runs are
 skipped). Every point is validated before the first one trains. Then
 WORKDIR/results.jsonl holds every row (with ``variant`` and ``run``),
-WORKDIR/table.md the mean ± std over seeds per eval length, and
-WORKDIR/plots/<task>_<metric>.png the metric vs eval length. A run whose
+WORKDIR/table.md the mean and 95% t-interval over seeds per eval length
+(per task, level in the heading; sweep tables), WORKDIR/aggregate.md the
+accuracy over the lengths beyond training per task x encoding, and
+WORKDIR/plots/ the metric vs eval length, sweeps, the text log-perplexity
+and the aggregate heat-map (posenc.training.report, posenc.training.plots).
+Runs that did not fit (train.fit_accuracy) are left out of the cells and
+counted; ``--include_unfitted`` keeps them in. A run whose
 loss becomes NaN / Inf is recorded as diverged (metrics null,
 ``diverged_at_step``) and the grid goes on. With ``--config.grid.vmap_seeds=True``
 the seeds of a grid point train together in one vmapped step
@@ -38,6 +43,8 @@ from experiments import runtime
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/compare.py[:ARG].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
+_INCLUDE_UNFITTED = flags.DEFINE_bool("include_unfitted", False,
+                                      "Report cells over every run, not only those that fitted.")
 
 # grid axis -> the field a plain entry sets
 AXES = {"tasks": "task.name", "positions": "model.position.kind", "placements": "model.norm.placement",
@@ -107,8 +114,8 @@ def vmap_seeds(config, resolved) -> bool:
     return mode and sharding.mesh_or_none(resolved.config) is None
 
 
-def run_grid(config, workdir: str) -> list[dict]:
-    """Train / evaluate every grid point (skipping complete ones), write results, table and plots."""
+def run_grid(config, workdir: str, *, include_unfitted: bool = False) -> list[dict]:
+    """Train / evaluate every grid point (skipping complete ones), write results, tables and plots."""
     from posenc.training import finish, loop, multiseed, report, results, setup
 
     loop.quiet_libraries()
@@ -145,11 +152,9 @@ def run_grid(config, workdir: str) -> list[dict]:
     if not loop.is_main_process():  # one writer for the shared workdir
         return all_rows
     results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)
-    report.write_table(all_rows, os.path.join(workdir, "table.md"))
-    plots = report.write_plots(all_rows, os.path.join(workdir, "plots"))
-    logging.info("%d runs trained, %d skipped in %.0fs; wrote %s, %s and %d plots", ran, skipped,
-                 time.time() - t0, os.path.join(workdir, "results.jsonl"),
-                 os.path.join(workdir, "table.md"), len(plots))
+    written = report.write_report(all_rows, workdir, include_unfitted=include_unfitted)
+    logging.info("%d runs trained, %d skipped in %.0fs; wrote %s, %s", ran, skipped, time.time() - t0,
+                 os.path.join(workdir, "results.jsonl"), ", ".join(written))
     return all_rows
 
 
@@ -159,9 +164,10 @@ def main(argv):
     runtime.start()
     from posenc.training import loop, report
 
-    rows = run_grid(_CONFIG.value, _WORKDIR.value)
+    rows = run_grid(_CONFIG.value, _WORKDIR.value, include_unfitted=_INCLUDE_UNFITTED.value)
     if loop.is_main_process():
-        print(report.table_markdown(rows))
+        print(report.table_markdown(rows, include_unfitted=_INCLUDE_UNFITTED.value))
+        print(report.aggregate_markdown(rows, include_unfitted=_INCLUDE_UNFITTED.value))
 
 
 if __name__ == "__main__":
