@@ -124,12 +124,20 @@ class _Trainer:
         return fitted
 
 
-def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None):
+def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: str | None = None,
+        init=None, row_fields: dict | None = None):
     """Train, checkpoint, evaluate and write results for ``config`` in ``workdir``.
 
     ``max_steps_this_run`` stops after that many steps (after checkpointing),
     as if the process had been killed; the next call resumes. Returns the
     results rows, or None if stopped before the end.
+
+    ``init(graphdef, state) -> (state, record)`` replaces the fresh state of
+    a run that has no checkpoint of its own yet (fine-tuning starts from
+    another run's parameters, :mod:`~posenc.training.finetune`); ``record``
+    (a :class:`~posenc.training.records.CheckpointRecord`, or None for step
+    0) is where training continues. Once the run has checkpointed, a restart
+    resumes from its own checkpoints. ``row_fields`` are added to every row.
     """
     resolved = setup.resolve(config)
     config = resolved.config
@@ -141,9 +149,12 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     if done is not None:
         return done
     model, optimizer, graphdef, state = init_state(resolved)
+    book = records.RunLog(config, workdir, main=main)
+    if init is not None and book.ckpt.latest_step() is None:
+        state, record = init(graphdef, state)
+        book.record = record if record is not None else book.record
     if mesh is not None:  # restore (below) lands in these shardings too
         state = sharding_lib.shard_state(state, mesh, fsdp=fsdp)
-    book = records.RunLog(config, workdir, main=main)
     state = book.restore(state)
     start, steps = book.start, int(config.train.steps)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
@@ -163,7 +174,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
         return None
     nnx.update((model, optimizer), trainer.state)
     return finish_lib.finish(model, resolved, workdir, name=name, record=book.record,
-                             steps_trained=last, mesh=mesh)
+                             steps_trained=last, mesh=mesh, **(row_fields or {}))
 
 
 def quiet_libraries() -> None:

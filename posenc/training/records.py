@@ -110,6 +110,8 @@ class RunLog:
                 if not math.isfinite(value):
                     kept = (f"The last good checkpoint is step {self.last_good} in {self.ckpt.directory}"
                             if self.last_good else "No checkpoint had been written yet")
+                    if self.main:  # keep the logged curve up to the divergence (e.g. logit growth)
+                        results.write_jsonl(self.log_path, self.log_rows)
                     raise NonFiniteError(
                         f"non-finite {name} ({value}) at step {step}; training stopped. {kept} (no "
                         "checkpoint is written after a non-finite step). Try a lower "
