@@ -1,0 +1,94 @@
+"""Context extension of a trained RoPE model: every scaling, zero-shot and after fine-tuning.
+
+    python -m experiments.extend --config configs/extend.py:quick --workdir /tmp/extend
+    python -m experiments.extend --config configs/extend.py --workdir /tmp/extend_full
+    python -m experiments.extend --config configs/extend.py:quick --workdir /tmp/ext2 \
+        --config.base_run=/tmp/run        # extend a finished RoPE run of experiments.train
+
+A base RoPE model is trained once per seed at length L on the byte-level
+text task (or `base_run` is reused). For each method and factor s it is
+evaluated zero-shot at L and s L, then fine-tuned at s L with that scaling
+for each budget of `finetune_steps` (every budget from the same base
+checkpoint, optimizer reset; with a constant learning rate a longer budget
+continues the shorter one, which gives the same result) and evaluated
+again. Passkey retrieval (posenc.tasks.passkey, bytes: the text model's
+vocabulary) is scored at target lengths >= `passkey_min_length`: the two
+measures of YaRN (Peng et al. 2023), perplexity and passkey accuracy.
+
+Args:
+    quick   L = 128, factors 2 and 4, budgets 0, 30 and 120 steps, one seed
+            (about 10 minutes on 2 CPU cores; passkey at 512).
+    full    (default) L = 256, factors 2, 4 and 8, budgets 0, 50, 200 and 1000,
+            two seeds; passkey at 512, 1024 and 2048.
+
+Fields:
+    base               the base run's config (configs/default.py fields)
+    base_run           a finished run's workdir to extend instead of training
+                       `base` (RoPE without scaling; its own seed)
+    seeds              train.seed of each base run
+    methods            names of experiments.extend.METHODS: default (no scaling,
+                       extrapolation), linear (PI), ntk, dynamic (dynamic NTK,
+                       s = n / L), yarn (temperature "paper": sqrt(1/t) = 0.1 ln s
+                       + 1, as the paper and HF), yarn_quadratic (t = 1 + 0.1 ln s
+                       + 0.07 ln^2 s), dynamic_yarn, longrope (factors searched
+                       on the base model, posenc.rope_search), llama3
+    factors            s: each method extends L to s L
+    finetune_steps     budgets (0 = zero-shot only)
+    finetune           train.* fields of the fine-tunes; batch_size 0 keeps the
+                       base's tokens per step (base batch * L / (s L))
+    passkey_min_length passkey at target lengths >= this (0: never)
+    search             LongRoPE search: batch_size windows of training data at
+                       s L; short=True also searches short_factor at L; the rest
+                       are posenc.rope_search.search options
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import default  # the repository root is on sys.path (python -m experiments...)
+
+ARGS = ("quick", "full")
+METHODS = ("default", "linear", "ntk", "dynamic", "yarn", "yarn_quadratic", "dynamic_yarn",
+           "longrope", "llama3")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """The extension study ``arg`` (one of ARGS)."""
+    arg = arg or "full"
+    if arg not in ARGS:
+        raise ValueError(f"unknown configs/extend.py argument {arg!r}; choose one of: {', '.join(ARGS)}")
+    c = ml_collections.ConfigDict()
+    c.name = arg
+    b = c.base = default.get_config("text")
+    b.model.update(d_model=64, num_layers=2, num_heads=4)
+    b.train.update(progress=False, warmup_steps=100, learning_rate=3e-3)
+    b.eval.update(batch_size=8, num_batches=2)
+    c.base_run = ""
+    c.methods = METHODS
+    c.finetune = ml_collections.ConfigDict(dict(
+        learning_rate=3e-4, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0, batch_size=0,
+        log_every=10, checkpoint_every=1000))
+    c.search = ml_collections.ConfigDict(dict(
+        batch_size=4, short=False, population_size=16, parents_size=8, mutation_numbers=4,
+        crossover_size=4, iterations=10))
+    if arg == "quick":
+        b.task.train_length = 128
+        b.train.update(steps=1500, batch_size=8, log_every=250, checkpoint_every=1500)
+        b.eval.lengths = (128,)
+        c.seeds = (0,)
+        c.factors = (2, 4)
+        c.finetune_steps = (0, 30, 120)
+        c.passkey_min_length = 512
+        c.search.update(population_size=12, parents_size=6, iterations=6)
+    else:
+        b.task.train_length = 256
+        b.task.options.max_bytes = 8_000_000
+        b.train.update(steps=4000, batch_size=16, log_every=250, checkpoint_every=1000)
+        b.eval.lengths = (256,)
+        c.seeds = (0, 1)
+        c.factors = (2, 4, 8)
+        c.finetune_steps = (0, 50, 200, 1000)
+        c.passkey_min_length = 512
+        c.search.short = True
+    return c

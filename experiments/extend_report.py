@@ -1,0 +1,158 @@
+"""table.md and plots of the context-extension study (rows of experiments.extend.study_row).
+
+Cells are means over seeds (± population std with several seeds); a budget
+whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
+passkey: retrieval accuracy (exact match: every digit of the key right).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+
+from posenc.training.results import atomic_write_text
+
+_METRIC = {"text": ("loss", "loss (nats / byte)"), "passkey": ("exact_match", "passkey accuracy")}
+
+
+def _cells(rows):
+    """``{(task, method, factor, steps, eval_length): [values over seeds]}`` (None = diverged)."""
+    out = collections.defaultdict(list)
+    for r in rows:
+        metric = _METRIC.get(r["task"], ("loss",))[0]
+        out[(r["task"], r["method"], r["factor"], r["finetune_steps"], r["eval_length"])].append(
+            None if r.get("diverged_at_step") is not None else r[metric])
+    return out
+
+
+def _fmt(values) -> str:
+    if not values:
+        return ""
+    good = [v for v in values if v is not None]
+    if not good:
+        return "diverged"
+    text = f"{np.mean(good):.3f}" + (f" ± {np.std(good):.3f}" if len(values) > 1 else "")
+    return text + (f" [{len(values) - len(good)} diverged]" if len(good) < len(values) else "")
+
+
+def _order(rows, key):
+    return list(dict.fromkeys(r[key] for r in rows))
+
+
+def table_markdown(rows: list[dict]) -> str:
+    """Per task and factor: a row per method, columns zero-shot at L and s L, then each budget at s L."""
+    cells, lines = _cells(rows), []
+    seeds = sorted({r["seed"] for r in rows})
+    for task in _order(rows, "task"):
+        mine = [r for r in rows if r["task"] == task]
+        metric, label = _METRIC.get(task, ("loss", "loss"))
+        length = mine[0]["train_length"]
+        lines += [f"## {task}: {label}", "", f"Mean over {len(seeds)} seed(s); base trained at L = "
+                  f"{length}; fine-tuning tokens in brackets.", ""]
+        for factor in sorted({r["factor"] for r in mine}):
+            rs = [r for r in mine if r["factor"] == factor]
+            target = rs[0]["target_length"]
+            budgets = sorted({r["finetune_steps"] for r in rs})
+            tokens = {r["finetune_steps"]: r["finetune_tokens"] for r in rs}
+            cols = ([(0, length, f"zero-shot @{length}")] if any(r["eval_length"] == length for r in rs)
+                    else [])
+            cols += [(b, target, f"{'zero-shot' if not b else f'{b} steps [{tokens[b]}]'} @{target}")
+                     for b in budgets]
+            lines += [f"### factor {factor:g} (target {target})", "",
+                      "| method | " + " | ".join(c[2] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+            for method in _order(rs, "method"):
+                vals = [_fmt(cells.get((task, method, factor, b, n), [])) for b, n, _ in cols]
+                lines.append(f"| {method} | " + " | ".join(vals) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def write_table(rows: list[dict], path: str) -> None:
+    atomic_write_text(path, table_markdown(rows))
+
+
+def _mean(values):
+    good = [v for v in values if v is not None]
+    return float(np.mean(good)) if good else None
+
+
+def _save(fig, path):
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, path)
+
+
+def write_plots(rows: list[dict], directory: str) -> list[str]:
+    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and (with passkey rows) extend_passkey.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    cells, paths = _cells(rows), []
+    text = [r for r in rows if r["task"] == "text"]
+    methods = _order(rows, "method")
+    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    factors = sorted({r["factor"] for r in rows})
+    length = rows[0]["train_length"] if rows else 0
+
+    if text:
+        budgets = sorted({r["finetune_steps"] for r in text})
+        fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.8), sharey=True,
+                                 squeeze=False)
+        base = _mean(cells.get(("text", "default", factors[0], 0, length), []))
+        for ax, b in zip(axes[0], budgets):
+            for m in methods:
+                pts = [(f * length, _mean(cells.get(("text", m, f, b, int(round(f * length))), [])))
+                       for f in factors]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", color=colors[m], label=m)
+            if base is not None:
+                ax.plot([length], [base], marker="*", color="black", markersize=12, linestyle="",
+                        label=f"base @ L={length}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("evaluation length = target length s L")
+            ax.set_title("zero-shot" if not b else f"after {b} fine-tuning steps")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel("loss at the target length")
+        axes[0][-1].legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(os.path.join(directory, "extend_loss_vs_length.png"))
+        _save(fig, paths[-1])
+        plt.close(fig)
+
+    for task, name in (("text", "extend_loss_vs_tokens.png"), ("passkey", "extend_passkey.png")):
+        mine = [r for r in rows if r["task"] == task]
+        if not mine:
+            continue
+        metric, label = _METRIC[task]
+        fs = sorted({r["factor"] for r in mine})
+        fig, axes = plt.subplots(1, len(fs), figsize=(4.2 * len(fs), 3.8), squeeze=False)
+        for ax, f in zip(axes[0], fs):
+            target = int(round(f * length))
+            for m in methods:
+                tokens = sorted({r["finetune_tokens"] for r in mine
+                                 if r["method"] == m and r["factor"] == f})
+                by_tokens = {r["finetune_tokens"]: r["finetune_steps"] for r in mine
+                             if r["method"] == m and r["factor"] == f}
+                pts = [(t, _mean(cells.get((task, m, f, by_tokens[t], target), []))) for t in tokens]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", color=colors[m], label=m)
+            nonzero = sorted({r["finetune_tokens"] for r in mine if r["finetune_tokens"]})
+            if nonzero:
+                ax.set_xscale("symlog", linthresh=nonzero[0])
+            ax.set_xlabel("fine-tuning tokens (0 = zero-shot)")
+            ax.set_title(f"factor {f:g}: {label} at {target}")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel(label)
+        axes[0][-1].legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(os.path.join(directory, name))
+        _save(fig, paths[-1])
+        plt.close(fig)
+    return paths

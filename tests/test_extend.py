@@ -1,0 +1,202 @@
+"""Context extension: fine-tuning from a finished run, the LongRoPE search wiring, the study end to end.
+
+One tiny study (a 1-layer byte-level LM, L = 16, factor 2, methods default and
+longrope, budgets 0 and 2) runs once per module; the other tests reuse its
+base run and fine-tunes, so most of their steps are compiled already.
+"""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import extend as extend_config
+from experiments import extend as study
+from posenc import rope_search
+from posenc.model import ModelSpec
+from posenc.training import finetune, longrope, results, setup
+
+
+def tiny_config():
+    c = extend_config.get_config("quick")
+    b = c.base
+    b.task.train_length = 16
+    b.model.update(d_model=16, num_layers=1, num_heads=2)  # head_dim 8: 4 rotary pairs
+    b.train.update(steps=10, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=10)
+    b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
+    c.methods = ("default", "longrope")
+    c.factors = (2,)
+    c.finetune_steps = (0, 2)
+    c.finetune.update(warmup_steps=1, log_every=2)
+    c.passkey_min_length = 0
+    c.search.update(batch_size=2, population_size=4, parents_size=2, mutation_numbers=2,
+                    crossover_size=2, iterations=2)
+    return c
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("extend"))
+    return workdir, study.run_study(tiny_config(), workdir)
+
+
+def test_every_method_builds_a_valid_config(tiny_study):
+    workdir, _ = tiny_study
+    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    found = rope_search.read_json(os.path.join(workdir, "longrope", "x2_s0.json"))
+    fields = {m: study.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
+    assert set(extend_config.METHODS) == set(study.METHODS)
+    zero = setup.resolve(study.zero_shot_config(base, fields, 64))
+    assert set(zero.eval_variants) == set(study.METHODS) - {"default"}
+    options = {m: s.position.options["rope"] for m, (_, s) in zero.eval_variants.items()}
+    assert options["yarn"]["temperature"] == "paper" and options["yarn_quadratic"]["temperature"] == "quadratic"
+    assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
+    assert all(o["original_length"] == 16 for m, o in options.items() if m not in ("linear", "ntk"))
+    for m in ("dynamic_yarn", "llama3", "longrope"):  # fine-tunes at 64 keep L = 16 as the original
+        ft = setup.resolve(study.finetune_config(tiny_config(), base, fields[m], 64, 5))
+        assert ft.config.task.train_length == 64 and ft.config.train.batch_size == 1  # 4 * 16 / 64
+        assert ft.spec.position.options["rope"]["original_length"] == 16
+
+
+def test_study_rows_table_and_plots(tiny_study):
+    workdir, rows = tiny_study
+    # 2 methods x (zero-shot + 1 budget) x eval lengths (16, 32)
+    assert len(rows) == 8
+    for r in rows:
+        for f in ("method", "factor", "finetune_steps", "finetune_tokens", "eval_length", "train_length",
+                  "target_length", "loss", "accuracy", "seed"):
+            assert f in r, f
+        assert r["train_length"] == 16 and r["target_length"] == 32 and r["factor"] == 2.0
+        assert r["finetune_tokens"] == r["finetune_steps"] * 2 * 32  # batch 4 * 16 / 32 = 2
+        assert np.isfinite(r["loss"])
+    assert {(r["method"], r["finetune_steps"]) for r in rows} == {
+        (m, n) for m in ("default", "longrope") for n in (0, 2)}
+    table = open(os.path.join(workdir, "table.md")).read()
+    assert "### factor 2 (target 32)" in table and "| longrope |" in table
+    for name in ("extend_loss_vs_length.png", "extend_loss_vs_tokens.png"):
+        assert os.path.getsize(os.path.join(workdir, "plots", name)) > 1000
+    # the zero-shot default method at L is the base model itself
+    base_rows = results.read_jsonl(os.path.join(workdir, "base", "s0", "results.jsonl"))
+    zero = next(r for r in rows if r["method"] == "default" and not r["finetune_steps"]
+                and r["eval_length"] == 16)
+    assert zero["loss"] == pytest.approx(base_rows[0]["loss"], rel=1e-6)
+    # a rerun trains nothing and returns the same rows
+    assert study.run_study(tiny_config(), workdir) == rows
+
+
+def _final_params(run_dir):
+    return finetune.load_run(run_dir).params
+
+
+@pytest.fixture(scope="module")
+def continued(tiny_study, tmp_path_factory):
+    """The default method with budgets 2 and 4 on the tiny study's base run (``base_run``)."""
+    c = tiny_config()
+    c.base_run = os.path.join(tiny_study[0], "base", "s0")
+    c.methods, c.finetune_steps = ("default",), (2, 4)
+    workdir = str(tmp_path_factory.mktemp("continued"))
+    rows = study.run_study(c, workdir)
+    return workdir, c.base_run, [r for r in rows if r["finetune_steps"] == 4]
+
+
+def test_a_continued_budget_equals_fine_tuning_it_from_the_base(continued, tmp_path):
+    workdir, base_run, rows = continued
+    base = finetune.load_run(base_run)
+    chained = os.path.join(workdir, "finetune", "default_x2_s0_n4")
+    config = finetune.load_run(chained).resolved
+    direct = finetune.finetune(base, config, str(tmp_path / "direct"))
+    a, b = _final_params(chained), _final_params(str(tmp_path / "direct"))
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+    assert {r["eval_length"]: r["loss"] for r in direct} == {r["eval_length"]: r["loss"] for r in rows}
+    assert all(r["base_hash"] == base.resolved.hash for r in direct)
+    # the fine-tune moved the parameters away from the base's
+    assert not np.allclose(np.asarray(jax.tree.leaves(a)[0]), np.asarray(jax.tree.leaves(base.params)[0]))
+
+
+def test_continuing_needs_a_constant_learning_rate(continued):
+    workdir = continued[0]
+    shorter = finetune.load_run(os.path.join(workdir, "finetune", "default_x2_s0_n2")).resolved
+    longer = finetune.load_run(os.path.join(workdir, "finetune", "default_x2_s0_n4")).resolved
+    finetune.check_continuable(shorter, longer)
+    cosine = [setup.plain_copy(r.config) for r in (shorter, longer)]
+    for c in cosine:
+        c.train.min_lr_ratio = 0.1  # cosine decay to 10%: step t's learning rate depends on steps
+    with pytest.raises(ValueError, match="min_lr_ratio=1.0"):
+        finetune.check_continuable(*map(setup.resolve, cosine))
+    with pytest.raises(ValueError, match="differs from this one in more than train.steps"):
+        finetune.check_continuable(shorter, setup.resolve(cosine[1]))
+    with pytest.raises(ValueError, match="must be below"):
+        finetune.check_continuable(longer, shorter)
+
+
+def test_fine_tune_config_must_take_the_base_parameters(tiny_study, tmp_path):
+    workdir, _ = tiny_study
+    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    c = setup.plain_copy(base.resolved.config)
+    c.model.d_model = 32
+    with pytest.raises(setup.ConfigError, match=r"\['wk'\].* is \(16, 2, 8\) in the base run and "
+                                                r"\(32, 2, 16\) in the config"):
+        finetune.finetune(base, c, str(tmp_path / "bad"))
+    with pytest.raises(ValueError, match="no config.json"):
+        finetune.load_run(str(tmp_path))
+
+
+def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
+    workdir, _ = tiny_study
+    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    model = finetune.model_with(base.params, base.resolved.spec)
+    fitness = longrope.perplexity_fitness(model, base.resolved.task, 32, factor=2.0, original_length=16,
+                                          batch_size=2, seed=0)
+    lam = np.array([1.0, 1.2, 1.7, 2.3])
+    # the same parameters in a model built from the config fields of those factors
+    c = setup.plain_copy(base.resolved.config)
+    c.model.position.rope.update(scaling="longrope", factor=2.0, original_length=16,
+                                 short_factor=tuple(lam), long_factor=tuple(lam))
+    other = finetune.model_with(base.params, ModelSpec.from_config(c.model, train_length=16))
+    batch = base.resolved.task.batch(jax.random.key(0), 2, 32, split="train")
+    from posenc.training import step
+    loss = step.masked_metrics(other(batch["inputs"]), batch["targets"], batch["mask"])["loss"]
+    assert fitness(lam) == pytest.approx(float(np.exp(loss)), rel=1e-5)
+    assert fitness(np.ones(4)) != pytest.approx(fitness(lam), rel=1e-4)
+
+    found = rope_search.read_json(os.path.join(workdir, "longrope", "x2_s0.json"))
+    long = np.asarray(found["long_factor"])
+    assert np.all(np.diff(long) >= 0) and np.all(long >= 1.0) and np.all(long <= 2.5)
+    assert found["short_factor"] == [1.0] * 4 and found["search"]["short"] is None
+    summary = found["search"]["long"]
+    assert summary["fitness"] <= min(summary["seeds"].values())  # never worse than PI, NTK, YaRN
+    assert summary["fitness"] == pytest.approx(fitness(long), rel=1e-6)
+    again = longrope.search(model, base.resolved, factor=2.0, target_length=32, batch_size=2, seed=0,
+                            population_size=4, parents_size=2, mutation_numbers=2, crossover_size=2,
+                            iterations=2)
+    assert again["long_factor"] == found["long_factor"]  # deterministic from the seed
+    fields = longrope.rope_fields(found)
+    assert fields["model.position.rope.long_factor"] == tuple(found["long_factor"])
+
+
+def test_passkey_on_a_text_model(tiny_study):
+    workdir, _ = tiny_study
+    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    (row,) = finetune.evaluate_on(base.params, base.resolved, "passkey", [260],
+                                  eval_fields=dict(batch_size=2, num_batches=1))
+    assert row["task"] == "passkey" and row["eval_length"] == 260
+    assert 0.0 <= row["exact_match"] <= 1.0 and np.isfinite(row["loss"])
+    with pytest.raises(ValueError, match="same vocabulary"):
+        finetune.evaluate_on(base.params, base.resolved, "copy", [16])
+
+
+def test_config_args():
+    for arg in extend_config.ARGS:
+        c = extend_config.get_config(arg)
+        study.check(c)
+        assert set(c.methods) == set(study.METHODS)
+        assert c.finetune.min_lr_ratio == 1.0  # budgets continue each other
+        setup.resolve(c.base)
+    c = extend_config.get_config("quick")
+    c.methods = ("yarn", "pi")
+    with pytest.raises(setup.ConfigError, match="methods entry"):
+        study.check(c)
+    with pytest.raises(ValueError, match="unknown configs/extend.py argument"):
+        extend_config.get_config("tiny")
