@@ -1,0 +1,176 @@
+"""table.md and plots of the stability study (rows of experiments.stability.run_point).
+
+LR sensitivity (Wortsman et al. 2023, posenc.stability.lr_sensitivity): over
+the learning-rate grid of one (size, variant, seed), the mean of
+min(final loss, initial loss) minus the best final loss, a diverged run
+counting as the initial loss; then mean ± std over seeds.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+
+from posenc import stability
+from posenc.training.results import atomic_write_text, read_jsonl
+
+
+def _order(rows, key):
+    return list(dict.fromkeys(r[key] for r in rows))
+
+
+def _loss(r) -> float:
+    return float("nan") if r["loss"] is None else float(r["loss"])
+
+
+def sensitivities(rows) -> dict:
+    """``{(size, variant): [LR sensitivity of each seed]}``."""
+    groups = collections.defaultdict(list)
+    for r in rows:
+        groups[(r["size"], r["variant"], r["seed"])].append(r)
+    out = collections.defaultdict(list)
+    for (size, variant, _), rs in groups.items():
+        out[(size, variant)].append(stability.lr_sensitivity([_loss(r) for r in rs], rs[0]["initial_loss"]))
+    return out
+
+
+def _pm(values) -> str:
+    return f"{np.mean(values):.3f}" + (f" ± {np.std(values):.3f}" if len(values) > 1 else "")
+
+
+def _final(rs) -> str:
+    good = [r["loss"] for r in rs if r["loss"] is not None]
+    if not good:
+        return "diverged"
+    text = _pm(good)
+    return text + (f" [{len(rs) - len(good)} diverged]" if len(good) < len(rs) else "")
+
+
+def table_markdown(rows: list[dict]) -> str:
+    """LR sensitivity per variant and size, then the final loss per learning rate for each size."""
+    sizes, variants = _order(rows, "size"), _order(rows, "variant")
+    lrs = sorted({r["learning_rate"] for r in rows})
+    seeds = sorted({r["seed"] for r in rows})
+    sens = sensitivities(rows)
+    shape = {s: next(f"d_model {r['d_model']}, {r['num_layers']} layers" for r in rows if r["size"] == s)
+             for s in sizes}
+    lines = ["## LR sensitivity", "",
+             "Mean over the learning-rate grid (" + ", ".join(f"{lr:g}" for lr in lrs) + ") of "
+             "min(final loss, initial loss) - the best final loss over the grid (Wortsman et al. "
+             f"2023; a diverged run counts as the initial loss); mean over {len(seeds)} seed(s). "
+             "Lower is more robust. Loss: nats per byte at the training length.", "",
+             "| variant | " + " | ".join(f"{s} ({shape[s]})" for s in sizes) + " |",
+             "|---" * (len(sizes) + 1) + "|"]
+    for v in variants:
+        lines.append(f"| {v} | " + " | ".join(_pm(sens[(s, v)]) if sens.get((s, v)) else ""
+                                              for s in sizes) + " |")
+    lines.append("")
+    for s in sizes:
+        mine = [r for r in rows if r["size"] == s]
+        init = sorted({round(r["initial_loss"], 3) for r in mine})
+        lines += [f"## Final loss per learning rate: {s} ({shape[s]})", "",
+                  f"Initial loss {', '.join(map(str, init))}; max attention logit over training in "
+                  "brackets.", "",
+                  "| variant | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---" * (len(lrs) + 1) + "|"]
+        for v in variants:
+            cells = []
+            for lr in lrs:
+                rs = [r for r in mine if r["variant"] == v and r["learning_rate"] == lr]
+                logit = [r["max_attention_logit_max"] for r in rs if r["max_attention_logit_max"] is not None]
+                cells.append(_final(rs) + (f" [{max(logit):.0f}]" if logit else "") if rs else "")
+            lines.append(f"| {v} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_table(rows: list[dict], path: str) -> None:
+    atomic_write_text(path, table_markdown(rows))
+
+
+def _save(fig, path):
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, path)
+
+
+def _outcome(r) -> float:
+    return r["initial_loss"] if r["diverged"] else min(r["loss"], r["initial_loss"])
+
+
+def pick_pair(rows):
+    """(diverging, stable) rows of one size, learning rate and seed: where a run diverged if any
+    did, the group whose outcomes differ most (the worst and the best run there)."""
+    best = None
+    for rs in _groupby(rows, ("size", "learning_rate", "seed")).values():
+        hi = max(rs, key=lambda r: (r["diverged"], _outcome(r)))
+        lo = min(rs, key=_outcome)
+        key = (hi["diverged"] and not lo["diverged"], _outcome(hi) - _outcome(lo), rs[0]["learning_rate"])
+        if best is None or key > best[0]:
+            best = (key, hi, lo)
+    return (best[1], best[2]) if best else (None, None)
+
+
+def _groupby(rows, keys):
+    out = collections.defaultdict(list)
+    for r in rows:
+        out[tuple(r[k] for k in keys)].append(r)
+    return out
+
+
+def write_plots(rows: list[dict], directory: str, *, run_dir: str) -> list[str]:
+    """stability_loss_vs_lr.png and stability_attention_logit.png (train logs from ``run_dir``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    sizes, variants = _order(rows, "size"), _order(rows, "variant")
+    colors = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 4.0), sharey=True, squeeze=False)
+    for ax, s in zip(axes[0], sizes):
+        mine = [r for r in rows if r["size"] == s]
+        for v in variants:
+            by_lr = _groupby([r for r in mine if r["variant"] == v], ("learning_rate",))
+            lrs = sorted(k[0] for k in by_lr)
+            ys = [np.mean([min(_loss(r), r["initial_loss"]) if r["loss"] is not None else r["initial_loss"]
+                           for r in by_lr[(lr,)]]) for lr in lrs]
+            ax.plot(lrs, ys, marker="o", color=colors[v], label=v)
+            bad = [lr for lr in lrs if all(r["diverged"] for r in by_lr[(lr,)])]
+            ax.plot(bad, [by_lr[(lr,)][0]["initial_loss"] for lr in bad], marker="x", color=colors[v],
+                    linestyle="", markersize=10)
+        ax.axhline(np.mean([r["initial_loss"] for r in mine]), color="gray", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_title(f"{s}: final loss (x: diverged, at the initial loss)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("final eval loss, min(loss, initial)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    paths = [os.path.join(directory, "stability_loss_vs_lr.png")]
+    _save(fig, paths[0])
+    plt.close(fig)
+
+    bad, good = pick_pair(rows)
+    if bad is not None and bad is not good:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for r, style in ((bad, "-"), (good, "--")):
+            log = read_jsonl(os.path.join(run_dir, r["run"], "train_log.jsonl"))
+            pts = [(x["step"], x["max_attention_logit"]) for x in log if "max_attention_logit" in x]
+            state = (f"diverged at step {r['diverged_at_step']}" if r["diverged"]
+                     else f"final loss {r['loss']:.3f}")
+            if pts:
+                ax.plot(*zip(*pts), style, color=colors[r["variant"]], label=f"{r['variant']} ({state})")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("max attention logit")
+        ax.set_title(f"{bad['size']}, learning rate {bad['learning_rate']:g}, seed {bad['seed']}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(os.path.join(directory, "stability_attention_logit.png"))
+        _save(fig, paths[-1])
+        plt.close(fig)
+    return paths

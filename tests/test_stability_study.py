@@ -1,0 +1,134 @@
+"""experiments.stability: the LR-sensitivity definition, a tiny grid end to end, divergence logs."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from configs import stability as stability_config
+from experiments import stability as study
+from experiments import stability_report
+from posenc import stability
+from posenc.training import loop, overrides, results
+
+
+def paper_lr_sensitivity(final_losses, initial_loss):
+    """Wortsman et al. 2023 (arXiv 2309.14322), "LR sensitivity", transcribed:
+
+        E_{eta in [a, b]} [ min(l(A(eta)), l_0) - l* ],   l* = min_{eta in [a, b]} l(A(eta))
+
+    l(A(eta)): the final loss with learning rate eta, l_0: the loss at
+    initialisation, the expectation a mean over the log-spaced grid; a
+    diverged run (NaN / inf loss) is no better than l_0.
+    """
+    clipped = [initial_loss if not math.isfinite(l) else min(l, initial_loss) for l in final_losses]
+    best = min(l for l in final_losses if math.isfinite(l))
+    return sum(clipped) / len(clipped) - best
+
+
+def test_lr_sensitivity_is_the_papers_definition():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        l0 = float(rng.uniform(3.0, 6.0))
+        losses = list(rng.uniform(1.0, 8.0, size=int(rng.integers(2, 8))))
+        for i in rng.choice(len(losses), size=int(rng.integers(0, 2)), replace=False):
+            losses[i] = float(rng.choice([np.nan, np.inf]))  # diverged
+        losses[int(rng.integers(len(losses)))] = float(rng.uniform(1.0, l0))  # some LR beats init
+        assert stability.lr_sensitivity(losses, l0) == pytest.approx(paper_lr_sensitivity(losses, l0),
+                                                                     rel=1e-12, abs=1e-12)
+    # Where no learning rate beats initialisation the paper's formula is negative (mean l0 - l* < 0);
+    # the library keeps its lower bound 0 (every run counts as l0: nothing to be sensitive about).
+    assert paper_lr_sensitivity([5.0, 6.0], 4.0) == pytest.approx(-1.0)
+    assert stability.lr_sensitivity([5.0, 6.0], 4.0) == 0.0
+
+
+def test_configs_validate():
+    for arg in stability_config.ARGS:
+        points = study.expand(stability_config.get_config(arg))
+        variants = {p.variant for p in points}
+        assert {"baseline", "qk_norm", "z_loss", "qk_norm_z_loss", "post_ln", "sandwich", "deepnorm",
+                "softcap"} <= variants
+        assert len({p.size for p in points}) >= 2
+        assert len(points) == len({p.name for p in points})
+        lrs = sorted({p.learning_rate for p in points})
+        assert lrs[0] == pytest.approx(3e-4) and lrs[-1] == pytest.approx(3e-1)
+        assert np.ptp(np.diff(np.log10(lrs))) < 0.1  # log-spaced (3e-4, 1e-3, 3e-3, ...: half-decades)
+    with pytest.raises(ValueError, match="unknown configs/stability.py argument"):
+        stability_config.get_config("fast")
+
+
+def tiny_config():
+    c = stability_config.get_config("quick")
+    c.base.task.train_length = 16
+    c.base.train.update(steps=8, batch_size=4, warmup_steps=1, log_every=2, checkpoint_every=8)
+    c.base.eval.update(lengths=(16,), batch_size=4, num_batches=1)
+    c.learning_rates = (1e-3, 3.0)
+    c.variants = overrides.fields({"baseline": {}, "qk_norm": {"model.norm.qk_norm": "layer"}})
+    c.sizes = overrides.fields({"d16": {"model.d_model": 16, "model.num_layers": 1}})
+    return c
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("stability"))
+    return workdir, study.run_study(tiny_config(), workdir)
+
+
+def test_tiny_grid_rows_table_and_plots(tiny_study):
+    workdir, rows = tiny_study
+    assert len(rows) == 4
+    for r in rows:
+        for f in ("variant", "learning_rate", "seed", "d_model", "num_layers", "loss", "diverged",
+                  "initial_loss", "max_attention_logit", "max_attention_logit_max", "output_logit_mean"):
+            assert f in r, f
+        assert r["d_model"] == 16 and r["num_layers"] == 1
+        assert r["max_attention_logit_max"] >= r["max_attention_logit"]
+        assert (r["loss"] is None) == r["diverged"]
+        if not r["diverged"]:
+            assert r["loss"] < r["initial_loss"]
+    by = {(r["variant"], r["learning_rate"]): r for r in rows}
+    assert not by[("baseline", 1e-3)]["diverged"] and by[("baseline", 3.0)]["diverged"]
+    # The initialisation does not depend on the learning rate: one initial loss per cell.
+    for v in ("baseline", "qk_norm"):
+        assert by[(v, 1e-3)]["initial_loss"] == by[(v, 3.0)]["initial_loss"]
+    # ... and it is the eval loss of the untrained model.
+    p = next(p for p in study.expand(tiny_config()) if p.variant == "baseline")
+    from posenc.training import evaluate
+    model = loop.init_state(p.resolved)[0]
+    r = p.resolved
+    assert evaluate.evaluate_length(model, r.task, r.config, r.spec, 16)["loss"] == pytest.approx(
+        by[("baseline", 1e-3)]["initial_loss"], rel=1e-6)
+    # qk-layernorm bounds the attention logits the high learning rate blows up
+    assert by[("qk_norm", 3.0)]["max_attention_logit_max"] < by[("baseline", 3.0)]["max_attention_logit_max"]
+
+    table = open(os.path.join(workdir, "table.md")).read()
+    sens = stability_report.sensitivities(rows)[("d16", "baseline")][0]
+    expected = stability.lr_sensitivity([by[("baseline", 1e-3)]["loss"], float("nan")],
+                                        by[("baseline", 1e-3)]["initial_loss"])
+    assert sens == pytest.approx(expected)
+    assert f"| baseline | {expected:.3f} |" in table
+    assert "| baseline | " in table and "diverged" in table
+    for name in ("stability_loss_vs_lr.png", "stability_attention_logit.png"):
+        assert os.path.getsize(os.path.join(workdir, "plots", name)) > 1000
+    assert results.read_jsonl(os.path.join(workdir, "results.jsonl")) == rows
+
+
+def test_rerun_reads_every_run(tiny_study):
+    workdir, rows = tiny_study
+    logs = {n: os.path.getmtime(os.path.join(workdir, "runs", n, "results.jsonl"))
+            for n in os.listdir(os.path.join(workdir, "runs"))}
+    assert study.run_study(tiny_config(), workdir) == rows
+    assert logs == {n: os.path.getmtime(os.path.join(workdir, "runs", n, "results.jsonl")) for n in logs}
+
+
+def test_a_nan_divergence_keeps_its_train_log(tmp_path):
+    c = tiny_config()
+    c.learning_rates, c.variants = (1e9,), overrides.fields({"baseline": {}})
+    c.base.train.update(clip_norm=0.0, log_every=1, steps=8)
+    (p,) = study.expand(c)
+    row = study.run_point(p, str(tmp_path))
+    assert row["diverged"] and row["loss"] is None and row["diverged_at_step"] is not None
+    log = study.train_log(os.path.join(str(tmp_path), "runs", p.name))
+    assert log and all(r["step"] < row["diverged_at_step"] for r in log)
+    assert row["max_attention_logit_max"] == max(r["max_attention_logit"] for r in log)
