@@ -2,8 +2,9 @@
 
 For each length, ``eval.num_batches`` batches of ``split="eval"`` data (every
 example at the largest problem size that fits) drawn from keys
-``fold_in(fold_in(key(eval.seed), length), i)``: the same evaluation set for
-every run, independent of training. Each length is one static shape, so it
+``fold_in(fold_in(key(eval.seed), length), i)`` (text: consecutive held-out
+windows, below): the same evaluation set for every run, independent of
+training. Each length is one static shape, so it
 compiles once per process (the model switches to blocked attention for long
 sequences by itself). Models with randomized positions are evaluated with
 randomized positions as well (Ruoss et al. 2023), seeded the same way.
