@@ -15,7 +15,11 @@ GELU MLP x4, untied head, random-token language modelling):
           each length in a fresh process (its peak RSS is its own); at 8K the
           peer evaluates too (rope, alibi; it needs 13-15 GB and ~1 min)
     relative  case R, step time of every relative encoding (t5, shaw,
-          transformer_xl, kerple_log, fire, cope) against rope's; no peer
+          transformer_xl, kerple_log, fire, cope, fox, stickbreaking, path,
+          path_fox) against rope's; no peer
+    window    case R with sliding-window attention (model.attention_span=window,
+          W = 256) evaluated on one sequence of 16K and 64K tokens (each in a
+          fresh process): O(L W) time and memory, beside case long's full rope
 
 Timings on a shared 2-core machine are noisy: compare ratios from one run,
 take the median of ``bench.rounds`` (``--config.bench.rounds=3``).
@@ -30,7 +34,7 @@ import ml_collections
 
 from configs import default
 
-CASES = ("R", "T", "long", "relative")
+CASES = ("R", "T", "long", "relative", "window")
 
 
 def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
@@ -47,17 +51,22 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
     c.task.train_length = 64 if small else 256
     c.train.batch_size = 32 if small else 16
     c.train.warmup_steps = 0
+    if case == "window":
+        m.attention_span, m.attention_window = "window", 256
     c.bench = ml_collections.ConfigDict(dict(
         case=case,
-        positions=(("rope", "t5", "shaw", "transformer_xl", "kerple_log", "fire", "cope")
+        positions=(("rope", "t5", "shaw", "transformer_xl", "kerple_log", "fire", "cope", "fox",
+                    "stickbreaking", "path", "path_fox")
                    if case == "relative" else ("rope", "alibi") if case == "long"
+                   else ("rope",) if case == "window"
                    else ("rope", "alibi", "t5", "nope")),
         rounds=2,  # timed repeats per position (one compile), each followed by the peer
-        train=case != "long",
-        peer=case != "relative",  # run the peer (when --peer_python is given)
+        train=case not in ("long", "window"),
+        peer=case not in ("relative", "window"),  # run the peer (when --peer_python is given)
         warmup=5,
         steps=50 if small else 20,
-        eval_lengths=(2048, 8192, 16384, 65536) if case == "long" else (),
+        eval_lengths=((2048, 8192, 16384, 65536) if case == "long" else (16384, 65536)
+                      if case == "window" else ()),
         peer_eval_lengths=(8192,) if case == "long" else (),
         eval_repeats=1,  # timed forward passes per eval length (median), after the compile
         # True: also time the train step that collects diagnostics in its own forward (every

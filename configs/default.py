@@ -18,6 +18,17 @@ list of variant tokens, applied left to right:
     fit           train until validation accuracy at the training length reaches 0.99
                   (checked every 250 steps), at most train.steps
     tiny          test-sized: 1 layer, d_model 32, 20 steps, short evals
+    gemma3        Gemma 3 attention: 6 RoPE layers, 5 sliding-window : 1 global
+                  (model.global_every=6), QK-norm (rms)
+    swan          SWAN-GPT: 4 layers, global NoPE layers (iRoPE nope_every=4) between
+                  sliding-window RoPE layers, log-n scaling on the NoPE layers (a
+                  multiplier of 1 up to the training length: it acts at evaluation)
+    llama4        Llama 4 iRoPE: 4 layers, chunked RoPE layers and a global NoPE layer
+                  every 4th, QK-norm (rms) on the RoPE layers only, the attention
+                  temperature on the NoPE layers (floor_scale = the chunk, as Llama 4's
+                  8192 and 8192)
+                  The presets size the window / chunk to half of task.train_length at
+                  the time they are applied: put a task token first.
 
 Fields: `task.*` (name, train_length, min_size (0 = 1), seed, options passed
 to `posenc.tasks.make`), `model.*` (all of `posenc/model/config.py`: each
@@ -93,6 +104,41 @@ def _base() -> ml_collections.ConfigDict:
     return c
 
 
+def _local_size(c) -> int:
+    return max(int(c.task.train_length) // 2, 1)
+
+
+def _gemma3(c) -> None:
+    m = c.model
+    m.position.kind = "rope"
+    m.num_layers = 6
+    m.update(attention_span="window", attention_window=_local_size(c), global_every=6)
+    m.norm.qk_norm = "rms"
+
+
+def _swan(c) -> None:
+    m = c.model
+    m.position.kind = "irope"
+    m.position.irope.nope_every = 4
+    m.num_layers = 4
+    m.update(attention_span="window", attention_window=_local_size(c), global_every=4)
+    m.logit_scale.update(kind="logn", layers="nope")
+
+
+def _llama4(c) -> None:
+    m = c.model
+    m.position.kind = "irope"
+    m.position.irope.nope_every = 4
+    m.num_layers = 4
+    chunk = _local_size(c)
+    m.update(attention_span="chunk", attention_chunk=chunk, global_every=4)
+    m.norm.update(qk_norm="rms", qk_norm_layers="positional")
+    m.logit_scale.update(kind="temperature", layers="nope", floor_scale=float(chunk))
+
+
+PRESETS = {"gemma3": _gemma3, "swan": _swan, "llama4": _llama4}
+
+
 def _apply(c: ml_collections.ConfigDict, token: str) -> None:
     if token in tasks.TASKS:
         c.task.name = token
@@ -112,6 +158,8 @@ def _apply(c: ml_collections.ConfigDict, token: str) -> None:
         c.model.position.randomized_max_position = 4 * max(c.eval.lengths)
     elif token == "fit":
         c.train.fit_accuracy = 0.99
+    elif token in PRESETS:
+        PRESETS[token](c)
     elif token == "tiny":
         c.model.d_model, c.model.num_layers, c.model.num_heads = 32, 1, 2
         c.task.train_length = 16
@@ -119,7 +167,8 @@ def _apply(c: ml_collections.ConfigDict, token: str) -> None:
                        progress=False)
         c.eval.update(lengths=(16, 32), batch_size=8, num_batches=1)
     else:
-        allowed = [*tasks.TASKS, *ENCODINGS, *registry.PLACEMENTS, "randomized", "fit", "tiny"]
+        allowed = [*tasks.TASKS, *ENCODINGS, *registry.PLACEMENTS, "randomized", "fit", "tiny",
+                   *PRESETS]
         raise ValueError(f"unknown configs/default.py argument {token!r}; choose a comma-separated "
                          f"list of: {', '.join(allowed)}")
 

@@ -41,13 +41,18 @@ def _run(enc, *, causal=True, softcap=0.0, return_stats=False):
     g, params, rest = nnx.split(enc, nnx.Param, ...)
     q, k, v, positions, cot = _inputs()
 
+    x = jax.random.normal(jax.random.key(9), (B, L, enc.d_model))
+
     def f(impl, params, q, k, v):
         e = nnx.merge(g, params, rest)
         impl, causal_block = ("dense", BLOCK) if impl == "split" else (impl, 0)
+        # Data-dependent units (FoX, PaTH) take their per-token terms from a layer input.
+        q, k, v, feats, _ = e.prepare(x, q, k, v, positions, state=e.init_state(B))
         qq, kk = e.qk(q, k, positions, positions, seq_len=L)
         res = attention(qq, kk, v, positions, positions, e, scale=1 / math.sqrt(DH),
                         causal=causal, softcap=softcap, impl=impl, block=BLOCK,
-                        causal_block=causal_block, return_stats=return_stats)
+                        causal_block=causal_block, return_stats=return_stats, q_features=feats,
+                        k_features={n: feats[n] for n in type(e).cached_features})
         return res if return_stats else (res, None)
 
     def loss(params, q, k, v, impl):

@@ -1,17 +1,21 @@
 """Causal multi-head attention, dense and blocked (online softmax).
 
 Logits are ``s_ij = softcap(scale * q_i . k_j + E_ij)`` where ``E`` is what
-the position encoding adds (``encoding.bias`` from positions plus
-``encoding.content_logits`` from q, k and positions). The whole pre-mask
+the position encoding adds (``encoding.bias`` from positions,
+``encoding.feature_bias`` from per-token features such as FoX's forget gates,
+and ``encoding.content_logits`` from q, k and positions). The whole pre-mask
 logit is soft-capped (Gemma 2 caps before the mask; we add the position
 terms before the cap too, so that no term can escape it), then the mask is
 applied and ``softmax`` taken. The output is ``w @ v`` plus
 ``encoding.values(w, ...)`` (Shaw's relative values).
 
 Masking is by index, not position: key ``j`` is visible to query ``i`` when
-``j < kv_length`` and (if causal) ``j <= q_offset + i``. ``q_offset`` is the
-index of the first query among the keys (the cache length in decoding) and
-may be traced.
+``j < kv_length`` and (if causal) ``j <= p`` with ``p = q_offset + i`` the
+query's key index. ``q_offset`` is the index of the first query among the
+keys (the cache length in decoding) and may be traced. A layer's span
+narrows that further: ``window=W`` keeps ``p - W < j`` (a sliding window,
+Gemma / Mistral), ``chunk=C`` keeps ``j // C == p // C`` (Llama 4's chunked
+attention); without the causal mask a window is symmetric (``|p - j| < W``).
 
 The blocked path (``impl="blocked"``) processes ``block`` queries against
 ``block`` keys at a time with the online softmax of Rabe & Staats 2021 /
@@ -21,7 +25,11 @@ entirely above the causal diagonal are skipped with ``lax.cond``. The key-block
 step is rematerialised (``jax.checkpoint``) so the gradient stores only the
 running ``(o, m, l)`` per step, not the attention weights. Encodings with
 ``full_rows`` (CoPE: cumulative gates over the whole key row) use one key block
-spanning every key; only their queries are blocked.
+spanning every key; only their queries are blocked. With a window or chunk
+span, each query block visits only the fixed number of key blocks that can
+hold its span (``lax.dynamic_index_in_dim``), so a windowed layer costs
+``O(L (W + block))`` and not ``O(L^2)``; the dense path's causal query blocks
+slice their keys to the span likewise.
 """
 
 from __future__ import annotations
@@ -50,20 +58,62 @@ def _repeat_kv(x, num_heads):
     return x if groups == 1 else jnp.repeat(x, groups, axis=2)
 
 
-def _mask(q_index, k_index, *, causal, q_offset, kv_length):
-    """Boolean [Lq, Lk]: key j visible to query i (index based)."""
-    m = k_index[None, :] < kv_length
+def _mask(q_index, k_index, *, causal, q_offset, kv_length, window=0, chunk=0):
+    """Boolean [Lq, Lk]: key j visible to query i (index based; see the module doc)."""
+    j, p = k_index[None, :], q_offset + q_index[:, None]
+    m = j < kv_length
     if causal:
-        m = m & (k_index[None, :] <= q_offset + q_index[:, None])
+        m = m & (j <= p)
+    if window:
+        m = m & (j > p - window)
+        if not causal:
+            m = m & (j < p + window)
+    if chunk:
+        m = m & (j // chunk == p // chunk)
     return m
 
 
-def _logits(encoding, q, k, qp, kp, *, scale, softcap, q_offset):
+def span_start(p, *, window=0, chunk=0):
+    """The smallest key index query index ``p`` may see under its span (0 for a full span).
+
+    A Python int for a Python int ``p`` (static slicing), an array otherwise.
+    """
+    if window:
+        return max(p - window + 1, 0) if _static_int(p) else jnp.maximum(p - window + 1, 0)
+    if chunk:
+        return (p // chunk) * chunk
+    return 0 if _static_int(p) else jnp.zeros_like(p)
+
+
+def visible_keys(num_queries, *, q_offset, kv_length, causal=True, window=0, chunk=0):
+    """int32 [Lq]: how many keys each query sees under the mask of :func:`attention`.
+
+    With the causal mask, ``posenc.logit_scale.num_keys``; without it, every
+    key of the span below ``kv_length``.
+    """
+    from posenc import logit_scale
+
+    if causal:
+        return logit_scale.num_keys(jnp.arange(num_queries), kv_length=kv_length, offset=q_offset,
+                                    window=window or None, chunk=chunk or None)
+    p = jnp.arange(num_queries, dtype=jnp.int32) + jnp.asarray(q_offset, jnp.int32)
+    lo = span_start(p, window=window, chunk=chunk)
+    hi = jnp.full_like(p, kv_length - 1) if not (window or chunk) else (
+        p + window - 1 if window else lo + chunk - 1)
+    hi = jnp.minimum(hi, jnp.asarray(kv_length, jnp.int32) - 1)
+    return jnp.maximum(hi - lo + 1, 0).astype(jnp.int32)
+
+
+def _logits(encoding, q, k, qp, kp, *, scale, softcap, q_offset, qf=None, kf=None, causal=True):
     """Pre-mask float32 logits [B, H, Lq, Lk] (k already has H heads)."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
     bias = encoding.bias(qp, kp)
     if bias is not None:
         s = s + bias
+    if encoding.has_feature_bias:
+        fb = encoding.feature_bias(qf or {}, kf or {}, causal=causal)
+        if fb is not None:
+            s = s + fb
     extra = encoding.content_logits(q, k, qp, kp, scale=scale, q_offset=q_offset)
     if extra is not None:
         s = s + extra
@@ -73,13 +123,14 @@ def _logits(encoding, q, k, qp, kp, *, scale, softcap, q_offset):
 
 
 def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q_offset, kv_length,
-                softcap, return_stats):
+                softcap, return_stats, window=0, chunk=0, q_features=None, k_features=None):
     """One dense softmax over every key; -> out (, (max logit, entropy sum, valid row count))."""
     B, Lq, H, _ = q.shape
     Lk = k.shape[1]
     mask = _mask(jnp.arange(Lq), jnp.arange(Lk), causal=causal, q_offset=q_offset,
-                 kv_length=kv_length)
-    plain = not (encoding.has_content_logits or encoding.has_values or softcap or return_stats)
+                 kv_length=kv_length, window=window, chunk=chunk)
+    plain = not (encoding.has_content_logits or encoding.has_values or encoding.has_feature_bias
+                 or softcap or return_stats)
     if plain:
         # jax.nn.dot_product_attention picks cuDNN flash attention on GPU when it
         # can; on CPU it is the XLA reference (materialises the logits, float32
@@ -91,7 +142,7 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q
             q, k, v, bias=bias, mask=jnp.broadcast_to(mask, (B, 1, Lq, Lk)), scale=scale)
     kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
     s = _logits(encoding, q, kr, q_positions, k_positions, scale=scale, softcap=softcap,
-                q_offset=q_offset)
+                q_offset=q_offset, qf=q_features, kf=k_features, causal=causal)
     s = jnp.where(mask, s, _NEG)
     # Softmax written out so the stats reuse its row max m and sum l (one pass
     # over the [B, H, Lq, Lk] logits instead of a log per weight); the max is
@@ -118,12 +169,36 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q
                  rows.sum())
 
 
+def weight_stats(logits, weights, visible, *, rest=None):
+    """Diagnostics of explicit attention weights (units with their own attention).
+
+    ``max_attention_logit``: the largest visible logit; ``attention_entropy``:
+    the mean over rows with a visible key of ``-sum_j w_j log w_j`` (plus
+    ``-r log r`` for a ``rest`` mass [B, H, Lq] given to the query's own
+    value, stick-breaking). logits, weights [B, H, Lq, Lk]; visible bool,
+    broadcastable to them.
+    """
+    visible = jnp.broadcast_to(visible, logits.shape)
+    safe = jnp.where(weights > 0, weights, 1.0)
+    ent = -jnp.sum(jnp.where(weights > 0, weights * jnp.log(safe), 0.0), axis=-1)
+    if rest is not None:
+        ent = ent - jnp.where(rest > 0, rest * jnp.log(jnp.where(rest > 0, rest, 1.0)), 0.0)
+    rows = visible.any(-1)
+    return {"max_attention_logit": jnp.max(jnp.where(visible, logits, _NEG)),
+            "attention_entropy": jnp.sum(jnp.where(rows, ent, 0.0)) / jnp.maximum(rows.sum(), 1)}
+
+
 def _static_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _token_slice(features, start, end):
+    return {n: f[:, start:end] for n, f in (features or {}).items()}
+
+
 def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True,
-                    q_offset=0, kv_length=None, softcap=0.0, return_stats=False, causal_block=0):
+                    q_offset=0, kv_length=None, softcap=0.0, return_stats=False, causal_block=0,
+                    window=0, chunk=0, q_features=None, k_features=None):
     """Attention materialising [B, H, Lq, Lk] logits; q [B,Lq,H,Dh], k/v [B,Lk,K,Dh].
 
     With ``causal`` and a ``causal_block`` smaller than Lq (and static
@@ -131,25 +206,34 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causa
     size and block ``[s, e)`` attends only to its visible keys
     ``[0, q_offset + e)``: an exact softmax over every key it can see, with
     the logits above the diagonal never computed (about half the work of
-    one [Lq, Lk] softmax for many blocks).
+    one [Lq, Lk] softmax for many blocks). With a window or chunk span the
+    block's keys start at the first one its span reaches.
     """
     Lq, Lk = q.shape[1], k.shape[1]
     kv_length = Lk if kv_length is None else kv_length
-    kw = dict(scale=scale, softcap=softcap, return_stats=return_stats)
+    kw = dict(scale=scale, softcap=softcap, return_stats=return_stats, window=window, chunk=chunk)
     split = (causal and causal_block and Lq > causal_block and _static_int(q_offset)
              and _static_int(kv_length))
     if not split:
         res = _dense_rows(q, k, v, q_positions, k_positions, encoding, causal=causal,
-                          q_offset=q_offset, kv_length=kv_length, **kw)
+                          q_offset=q_offset, kv_length=kv_length, q_features=q_features,
+                          k_features=k_features, **kw)
         return _finish_stats(res, return_stats)
     outs, parts = [], []
     for s in range(0, Lq, causal_block):
         e = min(s + causal_block, Lq)
         # keys past q_offset + e - 1 are above the diagonal of every query of the block
         kend = max(min(q_offset + e, kv_length, Lk), 1)
-        res = _dense_rows(q[:, s:e], k[:, :kend], v[:, :kend], q_positions[:, s:e],
-                          k_positions[:, :kend], encoding, causal=True, q_offset=q_offset + s,
-                          kv_length=min(kv_length, kend), **kw)
+        # keys before the span of the block's first query are hidden from all of its queries
+        # (a chunk start is a multiple of C: chunk membership survives the shift)
+        lo = 0 if encoding.full_rows else span_start(q_offset + s, window=window, chunk=chunk)
+        kstart = min(lo, kend - 1)
+        kv = min(kv_length, kend) - kstart if lo < kend else 0  # lo >= kend: no visible key
+        res = _dense_rows(q[:, s:e], k[:, kstart:kend], v[:, kstart:kend], q_positions[:, s:e],
+                          k_positions[:, kstart:kend], encoding, causal=True,
+                          q_offset=q_offset + s - kstart, kv_length=kv,
+                          q_features=_token_slice(q_features, s, e),
+                          k_features=_token_slice(k_features, kstart, kend), **kw)
         out, part = res if return_stats else (res, None)
         outs.append(out)
         parts.append(part)
@@ -178,7 +262,8 @@ def _pad(x, axis, size):
 
 
 def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, block, causal=True,
-                      q_offset=0, kv_length=None, softcap=0.0, return_stats=False):
+                      q_offset=0, kv_length=None, softcap=0.0, return_stats=False, window=0,
+                      chunk=0, q_features=None, k_features=None):
     """Same result as :func:`dense_attention` in O(B H block^2) memory (see module doc)."""
     B, Lq, H, Dh = q.shape
     Lk = k.shape[1]
@@ -188,22 +273,28 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
     bk = -(-Lk // block) * block if encoding.full_rows else block
     nk = -(-Lk // bk)
     kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
+    span = window or chunk
+    # Key blocks that can hold a query block's span: its keys lie in [lo, lo + span + bq - 2].
+    steps = min(nk, (span + bq - 2) // bk + 2) if (span and causal and not encoding.full_rows) else nk
 
     def split(x, n, b):  # [B, n*b, ...] -> [n, B, b, ...] (positions may have batch 1)
         x = _pad(x, 1, n * b)
         return jnp.moveaxis(x.reshape((x.shape[0], n, b) + x.shape[2:]), 1, 0)
 
     qs, qps = split(q, nq, bq), split(q_positions, nq, bq)
+    qfs = {n: split(f, nq, bq) for n, f in (q_features or {}).items()}
     ks, vs, kps = split(kr, nk, bk), split(vr, nk, bk), split(k_positions, nk, bk)
+    kfs = {n: split(f, nk, bk) for n, f in (k_features or {}).items()}
 
-    def key_step(carry, xs, q_blk, qp_blk, qi):
+    def key_step(carry, xs, q_blk, qp_blk, qf_blk, qi):
         o, m, l, a = carry
-        k_blk, v_blk, kp_blk, kj = xs
+        k_blk, v_blk, kp_blk, kf_blk, kj = xs
         q_index = qi * bq + jnp.arange(bq)
         k_index = kj * bk + jnp.arange(bk)
-        mask = _mask(q_index, k_index, causal=causal, q_offset=q_offset, kv_length=kv_length)
+        mask = _mask(q_index, k_index, causal=causal, q_offset=q_offset, kv_length=kv_length,
+                     window=window, chunk=chunk)
         s = _logits(encoding, q_blk, k_blk, qp_blk, kp_blk, scale=scale, softcap=softcap,
-                    q_offset=q_offset + qi * bq - kj * bk)
+                    q_offset=q_offset + qi * bq - kj * bk, qf=qf_blk, kf=kf_blk, causal=causal)
         s = jnp.where(mask, s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))
         alpha = jnp.exp(m - m_new)
@@ -219,27 +310,46 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
         return (o, m_new, l, a)
 
     def query_step(_, xs):
-        q_blk, qp_blk, qi = xs
+        q_blk, qp_blk, qf_blk, qi = xs
         init = (jnp.zeros((B, bq, H, Dh), jnp.float32), jnp.full((B, H, bq), _NEG, jnp.float32),
                 jnp.zeros((B, H, bq), jnp.float32), jnp.zeros((B, H, bq), jnp.float32))
-        step = jax.checkpoint(functools.partial(key_step, q_blk=q_blk, qp_blk=qp_blk, qi=qi))
-        last_query = q_offset + qi * bq + bq - 1
+        step = jax.checkpoint(functools.partial(key_step, q_blk=q_blk, qp_blk=qp_blk,
+                                                qf_blk=qf_blk, qi=qi))
+        first_query = q_offset + qi * bq
+        last_query = first_query + bq - 1
+        lo = span_start(first_query, window=window, chunk=chunk) if causal else 0
 
-        def body(carry, xs):
-            kj = xs[3]
-            needed = kj * bk < kv_length
+        def needed(kj):
+            n = kj * bk < kv_length
             if causal:
-                needed = needed & (kj * bk <= last_query)
-            return jax.lax.cond(needed, step, lambda c, _: c, carry, xs), None
+                n = n & (kj * bk <= last_query)
+                if span:
+                    n = n & ((kj + 1) * bk > lo)
+            return n
 
-        (o, m, l, a), _ = jax.lax.scan(body, init, (ks, vs, kps, jnp.arange(nk)))
+        def run(carry, xs):
+            return jax.lax.cond(needed(xs[4]), step, lambda c, _: c, carry, xs), None
+
+        if steps == nk:
+            (o, m, l, a), _ = jax.lax.scan(run, init, (ks, vs, kps, kfs, jnp.arange(nk)))
+        else:
+            # Only the `steps` key blocks from the one holding the span's start.
+            first = jnp.clip(lo // bk, 0, nk - steps)
+
+            def body(carry, t):
+                kj = first + t
+                blk = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, kj, 0, keepdims=False),
+                                   (ks, vs, kps, kfs))
+                return run(carry, blk + (kj,))
+
+            (o, m, l, a), _ = jax.lax.scan(body, init, jnp.arange(steps))
         l_safe = jnp.where(l > 0, l, 1.0)
         out = o / jnp.moveaxis(l_safe, 1, 2)[..., None]
         # entropy of softmax row: log l + m - (sum_j p_j s_j) / l
         ent = jnp.log(l_safe) + m - a / l_safe
         return None, (out.astype(q.dtype), m, ent)
 
-    _, (out, m, ent) = jax.lax.scan(query_step, None, (qs, qps, jnp.arange(nq)))
+    _, (out, m, ent) = jax.lax.scan(query_step, None, (qs, qps, qfs, jnp.arange(nq)))
     out = jnp.moveaxis(out, 0, 1).reshape(B, nq * bq, H, Dh)[:, :Lq]
     if not return_stats:
         return out
@@ -254,7 +364,7 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
 
 def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True, q_offset=0,
               kv_length=None, softcap=0.0, impl="auto", block=512, causal_block=0,
-              return_stats=False):
+              return_stats=False, window=0, chunk=0, q_features=None, k_features=None):
     """Multi-head attention with a position encoding; dense or blocked (see module doc).
 
     Args:
@@ -275,26 +385,43 @@ def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True
       causal_block: dense path only: causal query blocks of this size attend to
         the keys up to their diagonal only (0 = one block; see dense_attention).
       return_stats: also return max_attention_logit and attention_entropy.
+      window, chunk: the layer's span (0 = off; at most one of them): keys with
+        ``p - window < j`` / in the query's chunk of ``chunk`` keys (module doc).
+      q_features, k_features: per-token features of the queries and keys
+        (``Encoding.prepare``: dicts of [B, L, ...]) for ``encoding.feature_bias``
+        and ``encoding.attention`` (units with their own attention weights,
+        which then replace the softmax of this module).
     Returns:
       [B, Lq, H, Dh] in q.dtype (and a stats dict when return_stats).
     """
     check_impl(impl)
+    if window and chunk:
+        raise ValueError(f"a layer has one span: window={window} and chunk={chunk} are both set")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"num_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[2]}")
+    if type(encoding).own_attention():  # stick-breaking, PaTH: the unit's own weights
+        if window or chunk:
+            raise ValueError(f"encoding {type(encoding).name!r} computes its own attention over "
+                             f"every key: no window ({window}) or chunk ({chunk}) span")
+        return encoding.attention(q, k, v, q_positions, k_positions, q_features=q_features or {},
+                                  k_features=k_features or {}, scale=scale, causal=causal,
+                                  q_offset=q_offset, kv_length=kv_length, softcap=softcap,
+                                  impl=impl, block=block, return_stats=return_stats)
     if impl == "pallas" or (impl == "auto" and fused.on_accelerator()):
         terms, why = fused.plan(q, k, v, q_positions, k_positions, encoding, scale=scale,
-                                return_stats=return_stats, causal=causal)
+                                return_stats=return_stats, causal=causal, window=window)
         if terms is not None:
             return fused.attention(q, k, v, q_positions, k_positions, terms, scale=scale,
                                    causal=causal, q_offset=q_offset, kv_length=kv_length,
-                                   softcap=softcap)
+                                   softcap=softcap, window=window, chunk=chunk)
         if impl == "pallas" and not return_stats:
             raise ValueError(f"attention_impl 'pallas' cannot run this call: {why}")
         impl = "auto"
     if impl == "auto":
         impl = "dense" if max(q.shape[1], k.shape[1]) <= block else "blocked"
     kw = dict(scale=scale, causal=causal, q_offset=q_offset, kv_length=kv_length,
-              softcap=softcap, return_stats=return_stats)
+              softcap=softcap, return_stats=return_stats, window=window, chunk=chunk,
+              q_features=q_features, k_features=k_features)
     if impl == "dense":
         return dense_attention(q, k, v, q_positions, k_positions, encoding,
                                causal_block=causal_block, **kw)

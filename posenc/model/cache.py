@@ -9,9 +9,18 @@ full forward pass over the prefix of length t + 1. Hugging Face instead keeps
 keys rotated under the base in force when they were written ("stale" keys);
 that behaviour is not reproduced here (a documented difference).
 
+Encodings with data-dependent terms (``posenc.model.encoding``) keep two more
+things per layer: the features their keys need, one per slot like k and v
+(FoX's cumulative log forget gate), and their decoding state after the last
+written token (FoX's running sum, FoX (Pro)'s previous key and value, PaTH's
+convolution inputs). PaTH's keys are stored moved through every later token
+(its ``update_cache``), as its official cache does.
+
 Layout::
 
     {"k": (layer 0 [B, S, K, Dh], ...), "v": (...),
+     "features": (layer 0 {name: [B, S, ...]}, ...),   # {} for most encodings
+     "state": (layer 0 {name: array}, ...),            # {} for most encodings
      "positions": int32 [B, S],   # position given for each written slot
      "length": int32 []}          # number of written slots
 """
@@ -22,16 +31,41 @@ import jax
 import jax.numpy as jnp
 
 
-def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype):
-    """An empty cache for ``max_length`` tokens."""
+def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, features=None,
+         states=None):
+    """An empty cache for ``max_length`` tokens.
+
+    ``features``: per layer, name -> shape of one token's feature
+    (``jax.ShapeDtypeStruct`` [B, 1, ...]); ``states``: per layer, the unit's
+    initial decoding state (a dict of arrays).
+    """
     shape = (batch_size, max_length, num_kv_heads, head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+    features = features or [{}] * num_layers
     return {
         "k": zeros,
         "v": tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+        "features": tuple({n: jnp.zeros((f.shape[0], max_length) + tuple(f.shape[2:]), f.dtype)
+                           for n, f in layer.items()} for layer in features),
+        "state": tuple(states or [{}] * num_layers),
         "positions": jnp.zeros((batch_size, max_length), jnp.int32),
         "length": jnp.zeros((), jnp.int32),
     }
+
+
+def layer(cache, i):
+    """Layer ``i``'s entry: {"k", "v", "features", "state"}."""
+    return {"k": cache["k"][i], "v": cache["v"][i],
+            "features": cache.get("features", ({},) * len(cache["k"]))[i],
+            "state": cache.get("state", ({},) * len(cache["k"]))[i]}
+
+
+def assemble(entries, *, positions, length):
+    """The cache from every layer's entry (as :func:`layer` gives them) and the shared fields."""
+    return {"k": tuple(e["k"] for e in entries), "v": tuple(e["v"] for e in entries),
+            "features": tuple(e["features"] for e in entries),
+            "state": tuple(e["state"] for e in entries),
+            "positions": positions, "length": length}
 
 
 def next_positions(cache, num_tokens):

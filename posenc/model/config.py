@@ -45,9 +45,32 @@ def norm_config() -> ml_collections.ConfigDict:
             mixln_fraction=0.25,  # placement mixln only
             dyt_alpha=0.5,  # kind dyt only
             qk_norm="none",  # posenc.registry.QK_NORMS
+            qk_norm_layers="all",  # all | positional (layers with a position term: Llama 4) | nope
             attn_softcap=0.0,  # 0 = off
             final_softcap=0.0,  # 0 = off
             embed_scale=False,  # multiply token embeddings by sqrt(d_model)
+        )
+    )
+
+
+LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")
+LAYER_RULES = ("all", "positional", "nope")
+
+
+def logit_scale_config() -> ml_collections.ConfigDict:
+    """Fields of ``config.model.logit_scale``: length-aware scaling of the queries (posenc.logit_scale)."""
+    return ml_collections.ConfigDict(
+        dict(
+            # none | ssmax (s log n, s learned per head and layer) | logn (Qwen:
+            # max(1, log n / log L_train)) | temperature (Llama 4, from the position);
+            # n = the number of keys the query sees (its window or chunk included)
+            kind="none",
+            layers="all",  # all | positional | nope: the layers it applies to
+            train_length=0,  # logn: L_train (0: the task's training length)
+            floor_scale=8192.0,  # temperature
+            attn_scale=0.1,  # temperature
+            ssmax_init=0.43,  # ssmax: initial s (the value of the paper's Figure 1)
+            ssmax_bias=False,  # ssmax: s log n + b, b learned per head (init 0)
         )
     )
 
@@ -70,6 +93,14 @@ def model_config() -> ml_collections.ConfigDict:
             attention_block=512,  # query / key block of the memory-efficient attention
             attention_impl="auto",  # auto | dense | blocked
             attention_causal_block=64,  # dense causal attention: query blocks skip keys past their diagonal (0 = off)
+            # the span of each layer: full | window (keys j with i - W < j <= i) | chunk (keys in
+            # the query's chunk of C, Llama 4); global_every=k keeps layers k-1, 2k-1, ... full
+            attention_span="full",
+            attention_window=0,  # W of the window layers
+            attention_chunk=0,  # C of the chunk layers
+            global_every=0,
+            layer_spans=(),  # explicit per-layer spans (instead of attention_span / global_every)
+            logit_scale=logit_scale_config(),
             position=position_config(),
             norm=norm_config(),
         )

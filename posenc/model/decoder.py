@@ -141,9 +141,8 @@ class Decoder(nnx.Module):
         h = self._input(x.astype(self.dtype), positions, deterministic)
 
         def attend(attn, hin):
-            q, k, v = attn.project(hin)
-            return attn.attend(q, k, v, positions, positions, seq_len=seq_len, causal=causal,
-                               return_stats=return_stats)
+            return attn.forward(hin, positions, seq_len=seq_len, causal=causal,
+                                return_stats=return_stats)
 
         layer_stats = []
         for block in self.blocks:
@@ -167,8 +166,26 @@ class Decoder(nnx.Module):
     def init_cache(self, batch_size: int, max_length: int):
         """Empty KV cache (plain arrays) for up to ``max_length`` tokens; see posenc.model.cache."""
         self.check_length(max_length)
+        units = [b.attn.encoding for b in self.blocks]
         return cache_lib.init(self.num_layers, batch_size, max_length, self.num_kv_heads,
-                              self.head_dim, self.dtype)
+                              self.head_dim, self.dtype,
+                              features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks],
+                              states=[u.init_state(batch_size) for u in units])
+
+    def _feature_shapes(self, attn, batch_size):
+        """name -> ShapeDtypeStruct [B, 1, ...] of the features the layer's keys need (one token)."""
+        enc = attn.encoding
+        if not type(enc).cached_features:
+            return {}
+        x = jax.ShapeDtypeStruct((batch_size, 1, self.d_model), self.dtype)
+        positions = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32)
+
+        def features(x, positions):
+            q, k, v = attn.project(x)
+            return enc.prepare(x, q, k, v, positions, state=enc.init_state(batch_size))[3]
+
+        shapes = jax.eval_shape(features, x, positions)
+        return {n: shapes[n] for n in type(enc).cached_features}
 
     def decode(self, tokens, cache, positions=None, *, deterministic=True):
         """Append tokens [B, T] to ``cache``; -> (logits [B, T, V], new cache).
@@ -191,24 +208,19 @@ class Decoder(nnx.Module):
         written = jnp.arange(S) < length + T
         seq_len = jnp.max(jnp.where(written[None, :], all_positions, 0)) + 1  # as in forward_embeddings
         h = self._input(self.embed_tokens(tokens), positions, deterministic)
-        new_k, new_v = [], []
+        entries = []
 
         def attend_for(i):
             def attend(attn, hin):
-                q, k, v = attn.project(hin)
-                ck = cache_lib.write(cache["k"][i], k, length)
-                cv = cache_lib.write(cache["v"][i], v, length)
-                new_k.append(ck)
-                new_v.append(cv)
-                y = attn.attend(q, ck.astype(q.dtype), cv.astype(v.dtype), positions, all_positions,
-                                seq_len=seq_len, q_offset=length, kv_length=length + T)
+                y, entry = attn.decode(hin, positions, all_positions, cache_lib.layer(cache, i),
+                                       seq_len=seq_len, length=length)
+                entries.append(entry)
                 return y, None
             return attend
 
         for i, block in enumerate(self.blocks):
             h, _ = block(h, attend_for(i), deterministic=deterministic)
-        new_cache = {"k": tuple(new_k), "v": tuple(new_v), "positions": all_positions,
-                     "length": length + T}
+        new_cache = cache_lib.assemble(entries, positions=all_positions, length=length + T)
         return self._output(h), new_cache
 
 

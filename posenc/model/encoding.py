@@ -33,6 +33,42 @@ branches on the kind):
   (the default for a unit with a ``bias``, and for every unit with content
   logits or values): attention then keeps the XLA path.
 
+Data-dependent units (FoX, stick-breaking, PaTH) use these hooks as well:
+
+- ``prepare(x, q, k, v, positions, *, state) -> (q, k, v, features, state)``:
+  terms computed from the layer input ``x`` [B, L, D] (after the q / k / v
+  projection and the model's QK-norm, before ``qk``): per-token
+  ``features`` (a dict of arrays with the token axis 1, [B, L, ...]: FoX's
+  cumulative log forget gates, PaTH's w and beta, an output gate's logits)
+  and changed q / k / v (FoX (Pro)'s token shift). ``state`` is the unit's
+  decoding state before the first of these tokens and the returned one the
+  state after the last: the KV cache carries it from one decoding call to
+  the next, so that a prefill in pieces equals one pass;
+- ``init_state(batch_size) -> dict``: the state before the first token
+  (zeros; ``{}`` for units without one);
+- ``cached_features`` (class attribute): the names of the features a key
+  needs (FoX's ``c``). Attention gets them for every key (``k_features``;
+  the KV cache keeps them per slot) and every feature of the queries
+  (``q_features``);
+- ``feature_bias(q_features, k_features, *, causal)``: a logit bias [B, H,
+  Lq, Lk] from the features (FoX's ``c_i - c_j``), like ``bias`` computed
+  per (query block, key block), never as a full [L, L] array;
+- ``attention(q, k, v, q_positions, k_positions, *, q_features, k_features,
+  scale, causal, q_offset, kv_length, softcap, impl, block, return_stats)``: the
+  unit's own attention weights instead of the softmax (stick-breaking,
+  PaTH) -> [B, Lq, H, Dh] (and the stats dict with ``return_stats``). In
+  the full forward pass ``q_offset`` is 0 and q, k are the same tokens;
+  when decoding, k and v are the cache's buffers [B, S, K, Dh], the queries
+  sit at key indices ``q_offset + i`` and the slots from ``kv_length`` on
+  are unused. Units with their own attention list the spans they support in
+  ``spans`` (class attribute; default every span of :data:`SPANS`);
+- ``output(out, features)``: change the attention output [B, Lq, H, Dh]
+  before the output projection (FoX (Pro)'s output gate);
+- ``update_cache(k_cache, features, *, start)``: rewrite the cached keys
+  [B, S, K, Dh] after a decoding step's attention (PaTH moves every cached
+  key through the new tokens' transforms); the new tokens' keys sit at
+  slots ``start .. start + T - 1``.
+
 Facts a unit declares as class attributes: ``full_rows`` (needs every key of
 a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
 the README table), ``pure`` (the pure module, for the API table).
@@ -65,8 +101,15 @@ ATTACH_POINTS = {
     "qk": "queries, keys",
     "bias": "logits",
     "content_logits": "logits",
+    "feature_bias": "logits",
+    "attention": "attention weights",
     "values": "values",
+    "output": "output",
 }
+
+# Attention spans of a layer (model.attention_span, model.layer_spans): every key up to the
+# query, a sliding window of W keys, or the keys in the query's chunk of C (Llama 4).
+SPANS = ("full", "window", "chunk")
 
 
 class Encoding(nnx.Module):
@@ -84,6 +127,8 @@ class Encoding(nnx.Module):
     paper: ClassVar[str] = ""  # e.g. "Press et al. 2021"
     pure: ClassVar[str] = ""  # e.g. "posenc.alibi"
     full_rows: ClassVar[bool] = False  # needs every key of a query row at once
+    cached_features: ClassVar[tuple[str, ...]] = ()  # features every key needs (kept by the cache)
+    spans: ClassVar[tuple[str, ...]] = SPANS  # attention spans the unit supports
 
     def __init__(self, options: dict, *, d_model: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, layer_index: int = 0, num_layers: int = 1, rngs: nnx.Rngs,
@@ -137,17 +182,37 @@ class Encoding(nnx.Module):
     def has_values(self) -> bool:
         return overrides(type(self), "values")
 
+    @property
+    def has_feature_bias(self) -> bool:
+        return overrides(type(self), "feature_bias")
+
+    @classmethod
+    def own_attention(cls) -> bool:
+        """Computes its own attention weights (``attention``) instead of the softmax."""
+        return overrides(cls, "attention")
+
     @classmethod
     def has_kernel_form(cls) -> bool:
         """Whether the fused kernel can run the unit's attention (see ``kernel_terms``)."""
         if overrides(cls, "content_logits") or overrides(cls, "values"):
             return False
+        if any(overrides(cls, m) for m in ("feature_bias", "attention", "output", "prepare")):
+            return False  # data-dependent terms: the XLA path
         return overrides(cls, "kernel_terms") or not overrides(cls, "bias")
 
     @classmethod
     def longest_sequence(cls, options: dict) -> int | None:
         """The longest sequence the unit can encode with these options (None: no limit)."""
         return None
+
+    @classmethod
+    def layer_is_nope(cls, options: dict, *, layer_index: int, num_layers: int) -> bool:
+        """Whether layer ``layer_index`` of this kind has no position term at all.
+
+        Read by the per-layer rules "nope" / "positional" (QK-norm and logit
+        scaling on some layers only, as Llama 4); iRoPE answers per layer.
+        """
+        return not cls.attach_points()
 
     # -- protocol ---------------------------------------------------------------------
 
@@ -180,6 +245,27 @@ class Encoding(nnx.Module):
 
     def constrain(self) -> None:
         """Project parameters into their domain (after each optimizer update)."""
+
+    # -- data-dependent hooks (see the module docstring) ---------------------------------
+
+    def init_state(self, batch_size: int) -> dict:
+        return {}
+
+    def prepare(self, x, q, k, v, positions, *, state):
+        return q, k, v, {}, state
+
+    def feature_bias(self, q_features, k_features, *, causal):
+        return None
+
+    def attention(self, q, k, v, q_positions, k_positions, *, q_features, k_features, scale,
+                  causal, q_offset, kv_length, softcap, impl, block, return_stats):
+        return None
+
+    def output(self, out, features):
+        return out
+
+    def update_cache(self, k_cache, features, *, start):
+        return k_cache
 
 
 def overrides(cls, method: str) -> bool:

@@ -3,7 +3,11 @@
 Parameters are float32 ``nnx.Param``; matmuls run in the compute dtype
 (``model.dtype``) by casting the weights at use. Norm math is
 ``posenc.norms``, residual placements ``posenc.placements``, QK-norm
-``posenc.stability.qk_norm``.
+``posenc.stability.qk_norm``, length-aware logit scaling
+``posenc.logit_scale``. The attention sublayer runs the encoding's hooks
+(``posenc.model.encoding``) in order: ``prepare`` (data-dependent terms from
+the layer input), ``qk``, the logit scale, attention (the unit's own or the
+softmax of ``posenc.model.attention`` with the layer's span), ``output``.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import norms, placements, stability
+from posenc import logit_scale, norms, placements, stability
 from posenc.model import attention as attn_lib
+from posenc.model import cache as cache_lib
+from posenc.model import layout as layout_lib
 
 
 def lecun_normal(key, shape, fan_in):
@@ -98,16 +104,24 @@ class MLP(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Multi-head / grouped-query attention with QK-norm and a position encoding."""
+    """Multi-head / grouped-query attention with QK-norm, a position encoding, the layer's span
+    (full, sliding window or chunk) and a length-aware logit scale (``posenc.logit_scale``)."""
 
-    def __init__(self, spec, encoding, *, dtype, vo_gain, rngs):
+    def __init__(self, spec, encoding, *, dtype, vo_gain, rngs, layer_index=0):
         D, H, K, head_dim = spec.d_model, spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = H, K, head_dim, dtype
         self.softcap = spec.norm.attn_softcap
         self.impl, self.block = spec.attention_impl, spec.attention_block
         self.causal_block = spec.attention_causal_block
-        self.qk_norm_kind = spec.norm.qk_norm
+        lay = spec.layout or layout_lib.Layout.default(spec.num_layers)
+        span = lay.span(layer_index)
+        self.window, self.chunk = span["window"], span["chunk"]
+        self.qk_norm_kind = spec.norm.qk_norm if lay.qk_norm[layer_index] else "none"
         self.qk_eps = None if self.qk_norm_kind == "none" else spec.norm.eps
+        ls = lay.logit_scale
+        self.logit_scale = ls.kind if lay.scaled[layer_index] else "none"
+        self.logit_opts = {"train_length": ls.train_length, "floor_scale": ls.floor_scale,
+                           "attn_scale": ls.attn_scale}
         self.encoding = encoding
 
         def proj(shape, fan_in, fan_out, gain):
@@ -123,6 +137,10 @@ class Attention(nnx.Module):
         self.wo = proj((H, head_dim, D), H * head_dim, D, vo_gain)
         qk = stability.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
         self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
+        # Scalable-Softmax: s (and b) per head of this layer.
+        ssmax = self.logit_scale == "ssmax"
+        self.ssmax_s = nnx.Param(jnp.full((H,), ls.ssmax_init, jnp.float32)) if ssmax else None
+        self.ssmax_b = nnx.Param(jnp.zeros((H,), jnp.float32)) if ssmax and ls.ssmax_bias else None
 
     def project(self, x):
         """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-normed, not yet rotated).
@@ -141,24 +159,87 @@ class Attention(nnx.Module):
         q, k = stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
         return q, k, v
 
+    def forward(self, x, positions, *, seq_len, causal=True, return_stats=False):
+        """The full forward pass of the sublayer: x [B, L, D] -> [B, L, D] (, stats)."""
+        q, k, v = self.project(x)
+        enc = self.encoding
+        q, k, v, feats, _ = enc.prepare(x, q, k, v, positions, state=enc.init_state(x.shape[0]))
+        return self.attend(q, k, v, positions, positions, seq_len=seq_len, causal=causal,
+                           return_stats=return_stats, q_features=feats,
+                           k_features=_cached(enc, feats))
+
+    def decode(self, x, positions, all_positions, entry, *, seq_len, length):
+        """Append x [B, T, D] to this layer's cache ``entry``; -> (y [B, T, D], new entry).
+
+        ``entry``: {"k", "v": [B, S, K, Dh], "features": the cached features
+        [B, S, ...], "state": the unit's decoding state}; ``length`` slots are
+        written. The queries sit at key indices ``length + i``.
+        """
+        q, k, v = self.project(x)
+        enc = self.encoding
+        q, k, v, feats, state = enc.prepare(x, q, k, v, positions, state=entry["state"])
+        ck = cache_lib.write(entry["k"], k, length)
+        cv = cache_lib.write(entry["v"], v, length)
+        cf = {n: cache_lib.write(entry["features"][n], f, length)
+              for n, f in _cached(enc, feats).items()}
+        y = self.attend(q, ck.astype(q.dtype), cv.astype(v.dtype), positions, all_positions,
+                        seq_len=seq_len, q_offset=length, kv_length=length + x.shape[1],
+                        q_features=feats, k_features=cf)
+        ck = enc.update_cache(ck, feats, start=length)
+        return y, {"k": ck, "v": cv, "features": cf, "state": state}
+
+    def scale_queries(self, q, q_positions, *, q_offset, kv_length, causal):
+        """Queries times the layer's length-aware multiplier (model.logit_scale; float32 math).
+
+        Logits are linear in q, so this multiplies ``q . k`` and the content
+        terms; position biases added to the logits are not scaled.
+        """
+        kind = self.logit_scale
+        if kind == "none":
+            return q
+        if kind == "temperature":  # Llama 4: a function of the absolute position
+            m = logit_scale.temperature(q_positions, floor_scale=self.logit_opts["floor_scale"],
+                                        attn_scale=self.logit_opts["attn_scale"])
+            m = m[..., :, None, None]
+        else:  # a function of how many keys the query sees (its window or chunk included)
+            n = attn_lib.visible_keys(q.shape[1], q_offset=q_offset, kv_length=kv_length,
+                                      causal=causal, window=self.window, chunk=self.chunk)
+            if kind == "ssmax":
+                b = None if self.ssmax_b is None else self.ssmax_b[...]
+                m = jnp.swapaxes(logit_scale.ssmax(n, self.ssmax_s[...], bias=b), -1, -2)[..., None]
+            else:
+                m = logit_scale.logn(n, train_length=self.logit_opts["train_length"])[:, None, None]
+        return (q.astype(jnp.float32) * m).astype(q.dtype)
+
     def attend(self, q, k, v, q_positions, k_positions, *, seq_len, q_offset=0, kv_length=None,
-               causal=True, return_stats=False):
-        """Rotate with the encoding, attend, project out: -> [B, Lq, D] (, stats).
+               causal=True, return_stats=False, q_features=None, k_features=None):
+        """Rotate with the encoding, scale, attend, project out: -> [B, Lq, D] (, stats).
 
         Positions may have batch 1 (shared by every example); every encoding
         broadcasts them against the batch of q and k.
         """
-        q, k = self.encoding.qk(q, k, q_positions, k_positions, seq_len=seq_len)
+        enc = self.encoding
+        q_features, k_features = q_features or {}, k_features or {}
+        q, k = enc.qk(q, k, q_positions, k_positions, seq_len=seq_len)
+        kv = k.shape[1] if kv_length is None else kv_length
+        q = self.scale_queries(q, q_positions, q_offset=q_offset, kv_length=kv, causal=causal)
+        kw = dict(scale=1.0 / math.sqrt(self.head_dim), causal=causal, q_offset=q_offset,
+                  kv_length=kv_length, return_stats=return_stats)
         res = attn_lib.attention(
-            q, k, v, q_positions, k_positions, self.encoding, scale=1.0 / math.sqrt(self.head_dim),
-            causal=causal, q_offset=q_offset, kv_length=kv_length, softcap=self.softcap,
-            impl=self.impl, block=self.block, causal_block=self.causal_block,
-            return_stats=return_stats)
+            q, k, v, q_positions, k_positions, enc, softcap=self.softcap, impl=self.impl,
+            block=self.block, causal_block=self.causal_block, window=self.window, chunk=self.chunk,
+            q_features=q_features, k_features=k_features, **kw)
         out, stats = res if return_stats else (res, None)
+        out = enc.output(out, q_features)
         wo = self.wo[...].astype(self.dtype)
         y = linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)),
                    wo.reshape(-1, wo.shape[-1]))
         return (y, stats) if return_stats else y
+
+
+def _cached(encoding, features):
+    """The features every key needs (``Encoding.cached_features``)."""
+    return {n: features[n] for n in type(encoding).cached_features}
 
 
 class Block(nnx.Module):
@@ -171,7 +252,8 @@ class Block(nnx.Module):
         deep = self.placement == "deepnorm"
         alpha, beta = norms.deepnorm_constants(spec.num_layers) if deep else (None, None)
         self.alpha = alpha
-        self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs)
+        self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
+                              layer_index=layer_index)
         hidden = int(spec.d_model * spec.mlp_ratio)
         self.mlp = MLP(spec.mlp, spec.d_model, hidden, dtype=dtype, gain=beta, rngs=rngs)
         rezero = self.placement == "rezero"

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from posenc import checks, registry
 from posenc.model import attention, encoding, fused
 from posenc.model import config as config_lib
+from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
 
 MLPS = ("gelu", "swiglu")
@@ -82,6 +83,7 @@ class ModelSpec:
     attention_causal_block: int
     position: PositionSpec
     norm: NormSpec
+    layout: layout_lib.Layout | None = None  # per-layer spans, QK-norm, logit scaling (resolved)
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> "ModelSpec":
@@ -140,7 +142,9 @@ def _spec(cfg, train_length) -> ModelSpec:
         tie_embeddings=bool(cfg.tie_embeddings), dtype=dtype,
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
-        position=position, norm=_norm(cfg.norm),
+        position=position, norm=(norm := _norm(cfg.norm)),
+        layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
+                                 qk_norm=norm.qk_norm, train_length=train_length),
     )
 
 

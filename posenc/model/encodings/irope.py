@@ -1,31 +1,37 @@
-"""Llama 4 iRoPE: RoPE layers with a NoPE layer every k-th layer (query temperature there)."""
+"""Llama 4 iRoPE: RoPE layers with a NoPE layer every k-th layer.
+
+Llama 4's NoPE layers also multiply their queries by a temperature: that is
+``model.logit_scale.kind = "temperature"`` with ``model.logit_scale.layers =
+"nope"`` (one place for every length-aware scaling; the ``llama4`` preset of
+configs/default.py sets it, with chunked RoPE layers and QK-norm on them).
+"""
 
 from posenc import irope
 from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
-from posenc.model.options import Option, nonnegative, positive, positive_int
+from posenc.model.options import Option, positive_int
 
 
 @register_encoding("irope")
 class IRoPE(RoPE):
-    """RoPE, but every nope_every-th layer (ids nope_every - 1, ...) is NoPE with a query temperature."""
+    """RoPE, but every nope_every-th layer (ids nope_every - 1, ...) is NoPE."""
 
     paper = "Llama 4 (Meta 2025)"
     pure = "posenc.irope"
     nope_every = Option(4, positive_int, "NoPE at layer ids nope_every - 1, 2 nope_every - 1, ...")
-    floor_scale = Option(8192.0, positive, "NoPE temperature floor_scale")
-    attn_scale = Option(0.1, nonnegative, "NoPE temperature attn_scale")
+
+    @classmethod
+    def layer_is_nope(cls, options, *, layer_index, num_layers):
+        kinds = irope.layer_kinds(num_layers, nope_every=options["nope_every"])
+        return kinds[layer_index] == "nope"
 
     def setup(self, rngs, first):
         super().setup(rngs, first)
-        kinds = irope.layer_kinds(self.num_layers, nope_every=self.nope_every)
-        self.nope = kinds[self.layer_index] == "nope"
+        self.nope = self.layer_is_nope({"nope_every": self.nope_every}, layer_index=self.layer_index,
+                                       num_layers=self.num_layers)
 
     def query(self, q, positions, *, seq_len):
-        if not self.nope:
-            return super().query(q, positions, seq_len=seq_len)
-        t = irope.nope_temperature(positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale)
-        return (q * t[..., None, None].astype(q.dtype)).astype(q.dtype)
+        return q if self.nope else super().query(q, positions, seq_len=seq_len)
 
     def key(self, k, positions, *, seq_len):
         return k if self.nope else super().key(k, positions, seq_len=seq_len)
