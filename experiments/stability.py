@@ -112,6 +112,11 @@ def train_log(run_dir: str) -> list[dict]:
     return results.read_jsonl(os.path.join(run_dir, "train_log.jsonl"))
 
 
+def is_diverged(final_loss, initial_loss, diverged_at_step=None) -> bool:
+    """Stopped on a NaN / Inf, or ended no better than at initialisation (the paper's failed runs)."""
+    return diverged_at_step is not None or final_loss is None or not final_loss < initial_loss
+
+
 def run_point(point: Point, workdir: str) -> dict:
     """Train (or read) one point; its study row."""
     from posenc.training import finish, loop
@@ -128,8 +133,7 @@ def run_point(point: Point, workdir: str) -> dict:
     logits = [r["max_attention_logit"] for r in log if r.get("max_attention_logit") is not None]
     last = next((r for r in reversed(log) if "max_attention_logit" in r), {})
     final = row["loss"]
-    # Diverged: stopped on a NaN / Inf, or ended no better than at initialisation.
-    diverged = row.get("diverged_at_step") is not None or final is None or not final < init
+    diverged = is_diverged(final, init, row.get("diverged_at_step"))
     model = point.resolved.config.model
     return dict(variant=point.variant, size=point.size, learning_rate=point.learning_rate,
                 seed=point.seed, d_model=int(model.d_model), num_layers=int(model.num_layers),
@@ -146,12 +150,14 @@ def run_point(point: Point, workdir: str) -> dict:
 def run_study(config, workdir: str) -> list[dict]:
     """Every point (skipping complete ones), then results.jsonl, table.md and the plots."""
     from experiments import stability_report
-    from posenc.training import loop, results
+    from posenc.training import loop, results, step
 
     loop.quiet_libraries()
     points = expand(config)  # every point validated before any run starts
     t0, rows = time.time(), []
     for i, p in enumerate(points):
+        if i and (p.size, p.variant) != (points[i - 1].size, points[i - 1].variant):
+            step.clear_cache()  # each learning rate compiles its own step: free the last cell's
         logging.info("[%d/%d] %s", i + 1, len(points), p.name)
         rows.append(run_point(p, workdir))
     if not loop.is_main_process():

@@ -99,13 +99,18 @@ def _outcome(r) -> float:
     return r["initial_loss"] if r["diverged"] else min(r["loss"], r["initial_loss"])
 
 
-def pick_pair(rows):
-    """(diverging, stable) rows of one size, learning rate and seed: where a run diverged if any
-    did, the group whose outcomes differ most (the worst and the best run there)."""
+def pick_pair(rows, unstable="baseline", stable="qk_norm"):
+    """(unstable, stable) rows of one size, learning rate and seed: ``unstable`` and ``stable``
+    where the first does worst against the second (the paper's figure), else, without those
+    variants, the worst and the best run of the group whose outcomes differ most."""
     best = None
     for rs in _groupby(rows, ("size", "learning_rate", "seed")).values():
-        hi = max(rs, key=lambda r: (r["diverged"], _outcome(r)))
-        lo = min(rs, key=_outcome)
+        named = {r["variant"]: r for r in rs}
+        if unstable in named and stable in named:
+            hi, lo = named[unstable], named[stable]
+        else:
+            hi = max(rs, key=lambda r: (r["diverged"], _outcome(r)))
+            lo = min(rs, key=_outcome)
         key = (hi["diverged"] and not lo["diverged"], _outcome(hi) - _outcome(lo), rs[0]["learning_rate"])
         if best is None or key > best[0]:
             best = (key, hi, lo)
