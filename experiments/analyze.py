@@ -23,8 +23,9 @@ or one of WORKDIR/runs/<run>/ of experiments.compare). Writes into --out
   L), and each pair's factor theta_default / theta_scaled: the pairs each
   scaling changes (1 = unchanged);
 * ``<prefix>position_loss.png``: loss and token accuracy per position at
-  factor x L on the evaluation split (answer positions of synthetic tasks,
-  every position of text), the training length marked: where
+  factor x L on the evaluation split: for synthetic tasks per answer token
+  (index 0 = the first), marking how many answer tokens a training-length
+  example has; for text per position, marking the training length. Where
   extrapolation breaks;
 * ``<prefix>analysis.json``: the numbers behind every figure.
 
@@ -360,20 +361,27 @@ def plot_rope(w: dict, resolved, path: str) -> str:
 
 
 def plot_position_loss(m: dict, length: int, resolved, path: str) -> str:
+    """Loss and accuracy per position; for tasks with an answer, against the answer token index."""
     from posenc.training import plots
 
     plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.0))
     xs = [i for i, v in enumerate(m["loss"]) if v is not None]
-    a.plot(xs, [m["loss"][i] for i in xs], marker=".", linewidth=1)
-    b.plot(xs, [m["accuracy"][i] for i in xs], marker=".", linewidth=1)
-    for ax, ylabel in ((a, "loss (nats)"), (b, "token accuracy")):
-        ax.axvline(int(resolved.config.task.train_length) - 1, color="gray", linestyle=":")
-        ax.set_xlabel("position in the sequence")
+    start = m.get("first_answer_position") or 0
+    mark = m.get("train_answer_tokens")
+    for ax, key, ylabel in ((a, "loss", "loss (nats)"), (b, "accuracy", "token accuracy")):
+        ax.plot([i - start for i in xs], [m[key][i] for i in xs], marker=".", linewidth=1)
+        if mark is None:  # text: the training length as a position
+            ax.axvline(int(resolved.config.task.train_length) - 1, color="gray", linestyle=":")
+            ax.set_xlabel("position in the window")
+        else:
+            ax.axvline(mark - 0.5, color="gray", linestyle=":")
+            ax.set_xlabel("answer token index (0: the first answer token)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"per-position loss at length {length}: {_title(resolved)} (dotted: training length)",
-                 fontsize=10)
+    where = ("dotted: training length" if mark is None else
+             f"dotted: the {mark} answer tokens of a training-length example")
+    fig.suptitle(f"per-position loss at length {length}: {_title(resolved)} ({where})", fontsize=10)
     fig.tight_layout()
     plots.save(fig, path)
     plt.close(fig)
@@ -416,6 +424,13 @@ def analyze(workdir: str, out: str | None = None, *, prefix: str = "", factor: i
 
     if long in batches:
         m = position_metrics(model, *batches[long])
+        if resolved.config.task.name != "text":  # answers: index them from their first token
+            import numpy as np
+
+            answered = lambda mask: np.flatnonzero(np.asarray(mask).sum(0) > 0)  # noqa: E731
+            m["first_answer_position"] = int(answered(batches[long][2])[0])
+            if length in batches:
+                m["train_answer_tokens"] = int(len(answered(batches[length][2])))
         numbers["position_loss"] = dict(m, length=long)
         written["position_loss"] = plot_position_loss(m, long, resolved, name("position_loss.png"))
     else:

@@ -118,7 +118,9 @@ def test_analyze_a_trained_run_end_to_end(tmp_path):
     assert numbers["lengths"] == [16, 64]
     assert [len(e) for e in numbers["attention"]["64"]["entropy"]] == [64, 64]
     assert [c["kind"] for c in numbers["bias_curves"]] == ["t5"]
-    assert len(numbers["position_loss"]["loss"]) == 64
+    pl = numbers["position_loss"]
+    assert len(pl["loss"]) == 64 and pl["train_answer_tokens"] == 7  # copy at 16: strings of 7
+    assert pl["loss"][pl["first_answer_position"] - 1] is None and pl["loss"][pl["first_answer_position"]] is not None
     # The restored parameters are the trained ones (the analysis is of this run, not a fresh model).
     resolved, model = analyze.load(str(tmp_path / "run"))
     fresh = nnx.state(loop.init_state(resolved)[0], nnx.Param)
