@@ -36,9 +36,13 @@ from ml_collections import config_flags
 
 from experiments import runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/extend.py[:ARG].",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the base run, fine-tunes, table and plots.")
+
+def define_flags() -> None:
+    """The command line's flags (defined when run as a program, so that importing
+    the module, as the tests do, defines none and modules do not clash)."""
+    config_flags.DEFINE_config_file("config", None, "Path to configs/extend.py[:ARG].", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for the base run, fine-tunes, table and plots.")
+    flags.mark_flags_as_required(["config", "workdir"])
 
 # method -> (posenc.rope scaling kind, extra model.position.rope fields)
 METHODS = {
@@ -246,7 +250,7 @@ def _finetunes(config, base, method, fields, factor, target, workdir, passkey) -
 def run_study(config, workdir: str) -> list[dict]:
     """The whole study (resumable); writes results.jsonl, table.md and plots; returns the rows."""
     from experiments import extend_report
-    from posenc.training import finetune, loop, results, setup
+    from posenc.training import finetune, loop, results, setup, step
 
     check(config)
     loop.quiet_libraries()
@@ -279,6 +283,7 @@ def run_study(config, workdir: str) -> list[dict]:
             for method in config.methods:
                 rows += _finetunes(config, base, method, fields[method], factor, target, workdir,
                                    passkey)
+                step.clear_cache()  # every budget compiled its own step: free them
             logging.info("factor %g of seed %d done (%.0fs so far)", factor, seed, time.time() - t0)
     if not loop.is_main_process():
         return rows
@@ -297,11 +302,11 @@ def main(argv):
     from experiments import extend_report
     from posenc.training import loop
 
-    rows = run_study(_CONFIG.value, _WORKDIR.value)
+    rows = run_study(flags.FLAGS.config, flags.FLAGS.workdir)
     if loop.is_main_process():
         print(extend_report.table_markdown(rows))
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config", "workdir"])
+    define_flags()
     runtime.main(main)

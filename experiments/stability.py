@@ -36,9 +36,13 @@ from ml_collections import config_flags
 
 from experiments import runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/stability.py[:ARG].",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
+
+def define_flags() -> None:
+    """The command line's flags (defined when run as a program, so that importing
+    the module, as the tests do, defines none and modules do not clash)."""
+    config_flags.DEFINE_config_file("config", None, "Path to configs/stability.py[:ARG].", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
+    flags.mark_flags_as_required(["config", "workdir"])
 
 
 @dataclasses.dataclass
@@ -178,11 +182,11 @@ def main(argv):
     from experiments import stability_report
     from posenc.training import loop
 
-    rows = run_study(_CONFIG.value, _WORKDIR.value)
+    rows = run_study(flags.FLAGS.config, flags.FLAGS.workdir)
     if loop.is_main_process():
         print(stability_report.table_markdown(rows))
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config", "workdir"])
+    define_flags()
     runtime.main(main)

@@ -26,11 +26,14 @@ from ml_collections import config_flags
 
 from experiments import runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:ARG]).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and results.")
-_MAX_STEPS = flags.DEFINE_integer("max_steps_this_run", None,
-                                  "Stop after this many steps (checkpointed); rerun to resume.")
+
+def define_flags() -> None:
+    """The command line's flags (defined when run as a program, so that importing
+    the module, as the tests do, defines none and modules do not clash)."""
+    config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:ARG]).", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints and results.")
+    flags.DEFINE_integer("max_steps_this_run", None, "Stop after this many steps (checkpointed); rerun to resume.")
+    flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -42,16 +45,16 @@ def main(argv):
 
     loop.quiet_libraries()
     try:
-        rows = loop.run(_CONFIG.value, _WORKDIR.value, max_steps_this_run=_MAX_STEPS.value)
+        rows = loop.run(flags.FLAGS.config, flags.FLAGS.workdir, max_steps_this_run=flags.FLAGS.max_steps_this_run)
     except loop.NonFiniteError as e:
         logging.error("%s", e)
         raise SystemExit(1) from None
     if rows is None or not loop.is_main_process():
         return
     print(table_markdown(rows))
-    logging.info("results: %s/results.jsonl", _WORKDIR.value)
+    logging.info("results: %s/results.jsonl", flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config", "workdir"])
+    define_flags()
     runtime.main(main)

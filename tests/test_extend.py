@@ -10,7 +10,6 @@ import os
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from configs import extend as extend_config
 from experiments import extend as study
@@ -42,6 +41,7 @@ def tiny_study(tmp_path_factory):
     return workdir, study.run_study(tiny_config(), workdir)
 
 
+@pytest.mark.slow
 def test_every_method_builds_a_valid_config(tiny_study):
     workdir, _ = tiny_study
     base = finetune.load_run(os.path.join(workdir, "base", "s0"))
@@ -51,7 +51,8 @@ def test_every_method_builds_a_valid_config(tiny_study):
     zero = setup.resolve(study.zero_shot_config(base, fields, 64))
     assert set(zero.eval_variants) == set(study.METHODS) - {"default"}
     options = {m: s.position.options["rope"] for m, (_, s) in zero.eval_variants.items()}
-    assert options["yarn"]["temperature"] == "paper" and options["yarn_quadratic"]["temperature"] == "quadratic"
+    assert options["yarn"]["temperature"] == "paper"
+    assert options["yarn_quadratic"]["temperature"] == "quadratic"
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
     assert all(o["original_length"] == 16 for m, o in options.items() if m not in ("linear", "ntk"))
     for m in ("dynamic_yarn", "llama3", "longrope"):  # fine-tunes at 64 keep L = 16 as the original
@@ -60,6 +61,7 @@ def test_every_method_builds_a_valid_config(tiny_study):
         assert ft.spec.position.options["rope"]["original_length"] == 16
 
 
+@pytest.mark.slow
 def test_study_rows_table_and_plots(tiny_study):
     workdir, rows = tiny_study
     # 2 methods x (zero-shot + 1 budget) x eval lengths (16, 32)
@@ -101,6 +103,7 @@ def continued(tiny_study, tmp_path_factory):
     return workdir, c.base_run, [r for r in rows if r["finetune_steps"] == 4]
 
 
+@pytest.mark.slow
 def test_a_continued_budget_equals_fine_tuning_it_from_the_base(continued, tmp_path):
     workdir, base_run, rows = continued
     base = finetune.load_run(base_run)
@@ -115,6 +118,7 @@ def test_a_continued_budget_equals_fine_tuning_it_from_the_base(continued, tmp_p
     assert not np.allclose(np.asarray(jax.tree.leaves(a)[0]), np.asarray(jax.tree.leaves(base.params)[0]))
 
 
+@pytest.mark.slow
 def test_continuing_needs_a_constant_learning_rate(continued):
     workdir = continued[0]
     shorter = finetune.load_run(os.path.join(workdir, "finetune", "default_x2_s0_n2")).resolved
@@ -131,6 +135,7 @@ def test_continuing_needs_a_constant_learning_rate(continued):
         finetune.check_continuable(longer, shorter)
 
 
+@pytest.mark.slow
 def test_fine_tune_config_must_take_the_base_parameters(tiny_study, tmp_path):
     workdir, _ = tiny_study
     base = finetune.load_run(os.path.join(workdir, "base", "s0"))
@@ -143,6 +148,7 @@ def test_fine_tune_config_must_take_the_base_parameters(tiny_study, tmp_path):
         finetune.load_run(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
     workdir, _ = tiny_study
     base = finetune.load_run(os.path.join(workdir, "base", "s0"))
@@ -176,6 +182,7 @@ def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
     assert fields["model.position.rope.long_factor"] == tuple(found["long_factor"])
 
 
+@pytest.mark.slow
 def test_passkey_on_a_text_model(tiny_study):
     workdir, _ = tiny_study
     base = finetune.load_run(os.path.join(workdir, "base", "s0"))

@@ -120,11 +120,15 @@ def _as_run(base) -> FinishedRun:
 
 
 def _without_steps(config) -> str:
+    """The canonical JSON of ``config`` without train.steps and the fields that do not change results."""
     d = json.loads(results.canonical_json(config.to_dict()))
-    d["train"].pop("steps")
-    for f in results.VOLATILE_FIELDS:
-        head, _, last = f.rpartition(".")
-        (d.get(head, {}) if head else d).pop(last, None)
+    for dotted in ("train.steps", *results.VOLATILE_FIELDS):
+        *parents, last = dotted.split(".")
+        node = d
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     return results.canonical_json(d)
 
 

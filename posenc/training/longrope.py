@@ -37,16 +37,15 @@ def _rope_units(model) -> list:
     return units
 
 
-def _loss_fn(graphdef):
-    def loss(state, inv_freq, attention_factor, batch):
-        model = nnx.merge(graphdef, state)
-        for unit in _rope_units(model):
-            # The candidate's frequencies replace the unit's own (static) ones in this trace only.
-            object.__setattr__(unit, "frequencies", lambda seq_len: (inv_freq, attention_factor))
-        logits = model(batch["inputs"], deterministic=True)
-        return step_lib.masked_metrics(logits, batch["targets"], batch["mask"])["loss"]
-
-    return jax.jit(loss)
+@jax.jit
+def _loss(graphdef, state, inv_freq, attention_factor, batch):
+    """Mean next-token loss of the model with the given RoPE frequencies (compiled once per graph)."""
+    model = nnx.merge(graphdef, state)
+    for unit in _rope_units(model):
+        # The candidate's frequencies replace the unit's own (static) ones in this trace only.
+        object.__setattr__(unit, "frequencies", lambda seq_len: (inv_freq, attention_factor))
+    logits = model(batch["inputs"], deterministic=True)
+    return step_lib.masked_metrics(logits, batch["targets"], batch["mask"])["loss"]
 
 
 def perplexity_fitness(model, task, length: int, *, factor: float, original_length: int,
@@ -60,14 +59,13 @@ def perplexity_fitness(model, task, length: int, *, factor: float, original_leng
     unit = _rope_units(model)[0]
     graphdef, state = nnx.split(model)
     batch = task.batch(jax.random.key(int(seed)), int(batch_size), int(length), split="train")
-    loss = _loss_fn(graphdef)
 
     def fitness(lam) -> float:
         lam = [float(v) for v in np.asarray(lam)]
         inv, scale = rope.frequencies("longrope", unit.rotary_dim, base=unit.base, factor=factor,
                                       original_length=original_length, seq_len=int(length),
                                       short_factor=lam, long_factor=lam)
-        return math.exp(float(loss(state, jnp.asarray(inv), jnp.float32(scale), batch)))
+        return math.exp(float(_loss(graphdef, state, jnp.asarray(inv), jnp.float32(scale), batch)))
 
     return fitness
 
