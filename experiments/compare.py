@@ -5,13 +5,18 @@
 Each grid point is ``config.base`` with the point's fields set (a grid entry
 is a field value or a ``variants`` name: a dict of dotted fields), trained
 and evaluated in WORKDIR/runs/<name>/ (resumable; complete runs are
-skipped). Every point is validated before the first one trains. Then
+skipped, so a killed grid loses no finished run). Every point is validated
+before the first one trains; a second grid process on the same WORKDIR is
+refused (posenc.training.lock). Then
 WORKDIR/results.jsonl holds every row (with ``variant`` and ``run``),
 WORKDIR/table.md the mean and 95% t-interval over seeds per eval length
 (per task, level in the heading; sweep tables), WORKDIR/aggregate.md the
 accuracy over the lengths beyond training per task x encoding, and
 WORKDIR/plots/ the metric vs eval length, sweeps, the text log-perplexity
-and the aggregate heat-map (posenc.training.report, posenc.training.plots).
+and the aggregate heat-map (posenc.training.report, posenc.training.plots);
+a grid whose config sets ``findings`` also writes WORKDIR/findings.md and its
+figures (the randomized-positions gain, the best norm placement per encoding:
+experiments.findings).
 Runs that did not fit (train.fit_accuracy) are left out of the cells and
 counted; ``--include_unfitted`` keeps them in. A run whose
 loss becomes NaN / Inf is recorded as diverged (metrics null,
@@ -40,11 +45,14 @@ from ml_collections import config_flags
 
 from experiments import runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/compare.py[:ARG].",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
-_INCLUDE_UNFITTED = flags.DEFINE_bool("include_unfitted", False,
-                                      "Report cells over every run, not only those that fitted.")
+
+def define_flags() -> None:
+    """The command line's flags (defined when run as a program, so that importing
+    the module, as the tests do, defines none and modules do not clash)."""
+    config_flags.DEFINE_config_file("config", None, "Path to configs/compare.py[:ARG].", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
+    flags.DEFINE_bool("include_unfitted", False, "Report cells over every run, not only those that fitted.")
+    flags.mark_flags_as_required(["config", "workdir"])
 
 # grid axis -> the field a plain entry sets
 AXES = {"tasks": "task.name", "positions": "model.position.kind", "placements": "model.norm.placement",
@@ -116,10 +124,18 @@ def vmap_seeds(config, resolved) -> bool:
 
 def run_grid(config, workdir: str, *, include_unfitted: bool = False) -> list[dict]:
     """Train / evaluate every grid point (skipping complete ones), write results, tables and plots."""
-    from posenc.training import finish, loop, multiseed, report, results, setup
+    from posenc.training import lock, loop
 
     loop.quiet_libraries()
     points = expand(config)  # every point validated before any run starts
+    # One grid process per workdir (its runs lock their own directories too).
+    with lock.hold(workdir, enabled=loop.is_main_process()):
+        return _run_points(config, workdir, points, include_unfitted)
+
+
+def _run_points(config, workdir: str, points, include_unfitted: bool = False) -> list[dict]:
+    from posenc.training import finish, loop, multiseed, report, results, setup
+
     all_rows, ran, skipped, t0 = [], 0, 0, time.time()
     groups = []
     for group in cells(points):
@@ -153,6 +169,9 @@ def run_grid(config, workdir: str, *, include_unfitted: bool = False) -> list[di
         return all_rows
     results.write_jsonl(os.path.join(workdir, "results.jsonl"), all_rows)
     written = report.write_report(all_rows, workdir, include_unfitted=include_unfitted)
+    from experiments import findings  # the grid's own findings (config.findings), e.g. randomized gain
+
+    written += findings.write(config.get("findings", ""), all_rows, workdir)
     logging.info("%d runs trained, %d skipped in %.0fs; wrote %s, %s", ran, skipped, time.time() - t0,
                  os.path.join(workdir, "results.jsonl"), ", ".join(written))
     return all_rows
@@ -164,12 +183,12 @@ def main(argv):
     runtime.start()
     from posenc.training import loop, report
 
-    rows = run_grid(_CONFIG.value, _WORKDIR.value, include_unfitted=_INCLUDE_UNFITTED.value)
+    rows = run_grid(flags.FLAGS.config, flags.FLAGS.workdir, include_unfitted=flags.FLAGS.include_unfitted)
     if loop.is_main_process():
-        print(report.table_markdown(rows, include_unfitted=_INCLUDE_UNFITTED.value))
-        print(report.aggregate_markdown(rows, include_unfitted=_INCLUDE_UNFITTED.value))
+        print(report.table_markdown(rows, include_unfitted=flags.FLAGS.include_unfitted))
+        print(report.aggregate_markdown(rows, include_unfitted=flags.FLAGS.include_unfitted))
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config", "workdir"])
+    define_flags()
     runtime.main(main)

@@ -163,7 +163,7 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("flag, message", [
     ("--config.model.position.kind=rop",
-     "error: unknown position kind 'rop'; choose one of: alibi, cope, fire"),
+     "error: model.position.kind: unknown position kind 'rop'; choose one of: alibi, cope, fire"),
     ("--config.train.stepz=3", "error: --config.train.stepz: unknown config field 'stepz'; did you mean 'steps'?"),
 ])
 def test_a_bad_config_on_the_command_line_is_one_line_and_exit_2(tmp_path, flag, message):

@@ -69,6 +69,10 @@ Data-dependent units (FoX, stick-breaking, PaTH) use these hooks as well:
   key through the new tokens' transforms); the new tokens' keys sit at
   slots ``start .. start + T - 1``.
 
+Attention called without features (no layer input, as in a unit test of
+attention alone) gives such a unit its neutral terms: FoX's gates open, PaTH's
+transforms the identity.
+
 Facts a unit declares as class attributes: ``full_rows`` (needs every key of
 a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
 the README table), ``pure`` (the pure module, for the API table).

@@ -148,10 +148,18 @@ def _spec(cfg, train_length) -> ModelSpec:
     )
 
 
+def _named(field: str, check, value):
+    """``check(value)``, its ValueError prefixed with the config field that holds ``value``."""
+    try:
+        return check(value)
+    except ValueError as e:
+        raise ValueError(f"{field}: {e}") from None
+
+
 def _norm(n) -> NormSpec:
-    registry.check_norm_kind(n.kind)
-    registry.check_placement(n.placement)
-    registry.check_qk_norm(n.qk_norm)
+    for field, check in (("kind", registry.check_norm_kind), ("placement", registry.check_placement),
+                         ("qk_norm", registry.check_qk_norm)):
+        _named(f"model.norm.{field}", check, n[field])
     defaults = config_lib.norm_config()
     # Fields that only one choice reads: setting them for another is a mistake.
     for field, owner, chosen in (("mixln_fraction", "placement 'mixln'", n.placement == "mixln"),
@@ -174,7 +182,7 @@ def _norm(n) -> NormSpec:
 
 def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSpec:
     kind = p.kind
-    encoding.get(kind)
+    _named("model.position.kind", encoding.get, kind)
     explicit = tuple(p.layer_kinds)
     if explicit:
         if len(explicit) != num_layers:

@@ -4,8 +4,9 @@
   1. :func:`posenc.training.setup.resolve` validates the config once (a
      :class:`~posenc.training.setup.ConfigError` names any bad field) before
      anything compiles; batch sizes are checked against the devices; then
-     the workdir is claimed (``workdir/config.json``; a workdir holding
-     another config is refused);
+     the workdir is locked (a second process on it is refused, naming this
+     one: :mod:`~posenc.training.lock`) and claimed (``workdir/config.json``;
+     a workdir holding another config is refused);
   2. if ``workdir/results.jsonl`` already has every row of this config, its
      rows are returned;
   3. the newest checkpoint (parameters, optimizer state, step, record) is
@@ -46,6 +47,7 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
+from posenc.training import lock as lock_lib
 from posenc.training import optim, records, setup, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
@@ -145,6 +147,15 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
     sharding_lib.check_batch_size(int(config.eval.batch_size), mesh, name="eval.batch_size")
     main = is_main_process()
+    with lock_lib.hold(workdir, enabled=main):  # one process per workdir (posenc.training.lock)
+        return _locked_run(resolved, workdir, main=main, mesh=mesh, fsdp=fsdp,
+                           max_steps_this_run=max_steps_this_run, name=name, init=init,
+                           row_fields=row_fields)
+
+
+def _locked_run(resolved, workdir: str, *, main, mesh, fsdp, max_steps_this_run, name, init,
+                row_fields):
+    config = resolved.config
     done = setup.claim(resolved, workdir, name=name, main=main)
     if done is not None:
         return done

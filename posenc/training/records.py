@@ -138,11 +138,15 @@ class RunLog:
         return metrics
 
     def save(self, s: int, state, train_seconds: float) -> None:
-        """Checkpoint ``state`` as step ``s`` and write train_log.jsonl."""
+        """Write train_log.jsonl, then checkpoint ``state`` as step ``s``.
+
+        In this order a kill between the two loses no log row: a resumed run
+        keeps the rows up to its checkpoint's step and logs the later ones again.
+        """
         self.record.step, self.record.train_seconds = s, train_seconds
-        self.ckpt.save(s, state, self.record.to_json())
         if self.main:
             results.write_jsonl(self.log_path, self.log_rows)
+        self.ckpt.save(s, state, self.record.to_json())
         self.last_good = s
 
     def close(self) -> None:

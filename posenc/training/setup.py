@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import ml_collections
@@ -23,9 +24,9 @@ from absl import logging
 
 from posenc import checks
 from posenc import tasks as tasks_lib
-from posenc.model import ModelSpec
+from posenc.model import ModelSpec, model_config
 from posenc.model import encoding as encoding_lib
-from posenc.training import optim, overrides, results
+from posenc.training import lock, optim, overrides, results
 
 
 class ConfigError(ValueError):
@@ -74,8 +75,12 @@ def _check_train(train) -> None:
     for f in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints"):
         _positive(f"train.{f}", train[f])
     checks.integer("train.seed", train.seed, minimum=0)
-    optim.learning_rate_schedule(train)  # steps, warmup range, learning rate
+    checks.integer("train.warmup_steps", train.warmup_steps, minimum=0)
+    lr = train.learning_rate
+    if not (checks.is_real(lr) and math.isfinite(lr) and lr > 0):  # bool, None, inf: not a rate
+        raise ValueError(f"train.learning_rate must be > 0 (a finite number), got {lr!r}")
     checks.number("train.min_lr_ratio", train.min_lr_ratio, minimum=0.0, maximum=1.0)
+    optim.learning_rate_schedule(train)  # steps, warmup range
     for f in ("weight_decay", "clip_norm", "z_loss"):
         checks.number(f"train.{f}", train[f], minimum=0.0)
     for f in ("b1", "b2"):
@@ -107,6 +112,17 @@ def _check_mesh(mesh) -> None:
     checks.boolean("mesh.fsdp", mesh.get("fsdp", False))
 
 
+def _check_known_fields(section, schema, prefix: str) -> None:
+    # A config built in code is not locked: a mistyped model field would be ignored silently.
+    for key in section.keys():
+        if key not in schema:
+            raise ValueError(f"unknown config field '{prefix}.{key}'; the fields of {prefix} are: "
+                             f"{', '.join(sorted(schema.keys()))}")
+        if isinstance(schema[key], ml_collections.ConfigDict) and isinstance(
+                section[key], ml_collections.ConfigDict):
+            _check_known_fields(section[key], schema[key], f"{prefix}.{key}")
+
+
 def _prune_sections(config, spec: ModelSpec) -> None:
     pos = config.model.position
     for name in list(pos.keys()):
@@ -131,8 +147,9 @@ def _model_spec(config, where: str) -> ModelSpec:
 
 def _resolve(config) -> Resolved:
     config = plain_copy(config)
-    if config.task.name not in tasks_lib.TASKS:
-        raise ValueError(f"unknown task {config.task.name!r}; choose one of: {', '.join(tasks_lib.TASKS)}")
+    if not isinstance(config.task.name, str) or config.task.name not in tasks_lib.TASKS:
+        raise ValueError(f"task.name: unknown task {config.task.name!r}; choose one of: "
+                         f"{', '.join(tasks_lib.TASKS)}")
     _positive("task.train_length", config.task.train_length)
     checks.integer("task.min_size", config.task.min_size, minimum=0)
     _check_train(config.train)
@@ -144,6 +161,7 @@ def _resolve(config) -> Resolved:
         raise ValueError(f"task.min_size={config.task.min_size} exceeds the largest problem size "
                          f"{largest} at task.train_length={config.task.train_length}")
     config.model.vocab_size = int(task.vocab_size)
+    _check_known_fields(config.model, model_config(), "model")
     spec = _model_spec(config, "")
     variants = {}
     for name, fields in overrides.as_dict(config.eval.variants).items():
@@ -186,9 +204,13 @@ def resolve(config) -> Resolved:
 def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bool = True):
     """Claim ``workdir`` for ``resolved``: write config.json; return its complete rows or None.
 
-    ValueError if the workdir holds a run of another config.
+    ValueError if the workdir holds a run of another config. The main process
+    holds the workdir's lock first (:func:`posenc.training.lock.ensure_held`;
+    :class:`~posenc.training.lock.WorkdirInUse` if another process has it).
     """
     workdir = os.path.abspath(workdir)
+    if main:
+        lock.ensure_held(workdir)
     os.makedirs(workdir, exist_ok=True)
     config_path = os.path.join(workdir, "config.json")
     if os.path.exists(config_path):
