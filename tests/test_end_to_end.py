@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from posenc.model import Decoder
-from posenc.training import NonFiniteError, finish, loop, optim, results, setup
+from posenc.training import NonFiniteError, finish, loop, optim, overrides, results, setup
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -122,6 +122,7 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
 
     c = load("compare").get_config("quick")
     c.base = tiny()
+    c.variants = overrides.fields({})  # the plain learned table of tiny(): 16 rows
     c.grid.positions = ("learned", "alibi")
     c.grid.seeds = (0,)
     rows = compare_main.run_grid(c, str(tmp_path))
@@ -146,13 +147,14 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
 
 def test_grid_expansion_and_overrides():
     from experiments import compare as compare_main
-    from posenc.training import overrides
 
     c = load("compare").get_config("scaling")
     points = {p.variant: p.resolved for p in compare_main.expand(c) if p.resolved.config.train.seed == 0}
     rope = points["rope"]
     assert rope.config.model.position.kind == "rope"
-    assert set(rope.eval_variants) == {"pi", "ntk", "dynamic_ntk", "yarn", "llama3"}
+    assert set(rope.eval_variants) == {"pi", "ntk", "dynamic_ntk", "yarn", "llama3", "dynamic_yarn",
+                                       "yarn_quadratic", "longrope_yarn_start"}
+    assert rope.eval_variants["yarn_quadratic"][1].position.options["rope"]["temperature"] == "quadratic"
     assert rope.eval_variants["yarn"][1].position.options["rope"]["scaling"] == "yarn"
     assert points["rope_yarn_trained"].spec.position.options["rope"]["factor"] == 4.0
     assert points["alibi"].config.model.position.kind == "alibi" and not points["alibi"].eval_variants

@@ -114,7 +114,7 @@ def test_positions_shared_by_the_batch_match_per_example_positions(kind, impl):
         logits, stats = nnx.merge(graphdef, params, rest)(tokens, positions, return_stats=True)
         return jnp.sum(logits * jnp.cos(logits)), (logits, stats)
 
-    grad = jax.grad(loss, has_aux=True)
+    grad = jax.jit(jax.grad(loss, has_aux=True))  # compiled: op by op, a blocked scan is slow
     g_shared, (logits_shared, stats_shared) = grad(params, None)
     g_tiled, (logits_tiled, stats_tiled) = grad(params, jnp.tile(jnp.arange(L), (B, 1)))
     np.testing.assert_allclose(logits_shared, logits_tiled, rtol=1e-5, atol=1e-6)
@@ -194,7 +194,7 @@ BAD = [
     (dict(norm=dict(placement="middle")), "unknown norm placement 'middle'"),
     (dict(norm=dict(qk_norm="cosine")), "unknown qk_norm 'cosine'"),
     (dict(mlp="relu"), "unknown model.mlp 'relu'; choose one of: gelu, swiglu"),
-    (dict(dtype="float16"), "unknown model.dtype 'float16'; choose one of: bfloat16, float32"),
+    (dict(dtype="float16"), "unknown model.dtype 'float16'; choose one of: auto, bfloat16, float32"),
     (dict(attention_impl="flash"), "unknown model.attention_impl 'flash'"),
     (dict(attention_causal_block=-8), r"model.attention_causal_block must be an integer >= 0; got -8"),
     (dict(d_model=30), "model.d_model 30 is not divisible by model.num_heads 4"),

@@ -173,5 +173,6 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
     for r, s in zip(rows, (0, 1)):
         assert_rows_close([r], separate[s][1])
     assert results.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
-    assert load("compare").get_config("quick").grid.vmap_seeds is False  # the default: one by one
-    assert not compare_main.vmap_seeds(load("compare").get_config("quick"), points[0].resolved)
+    full = load("compare").get_config("full")
+    assert full.grid.vmap_seeds is False  # the default: one by one
+    assert not compare_main.vmap_seeds(full, points[0].resolved)
