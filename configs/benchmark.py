@@ -20,6 +20,11 @@ GELU MLP x4, untied head, random-token language modelling):
     window    case R with sliding-window attention (model.attention_span=window,
           W = 256) evaluated on one sequence of 16K and 64K tokens (each in a
           fresh process): O(L W) time and memory, beside case long's full rope
+    G     the accelerator case (one GPU / TPU): d_model 1024, 12 layers, 16
+          heads, batch 16 x seq 2048 (32K tokens a step), vocab 256,
+          model.dtype auto (bf16 there) and attention_impl auto (the fused
+          Pallas kernel); rope, alibi, t5, fire; eval at 32K and 128K tokens.
+          Run with its PyTorch peers by benchmarks/accelerator_check.py
 
 Timings on a shared 2-core machine are noisy: compare ratios from one run,
 take the median of ``bench.rounds`` (``--config.bench.rounds=3``).
@@ -34,7 +39,7 @@ import ml_collections
 
 from configs import default
 
-CASES = ("R", "T", "long", "relative", "window")
+CASES = ("R", "T", "long", "relative", "window", "G")
 
 
 def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
@@ -74,4 +79,9 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
         # current step in this process; rows "stats_in_step" and their ratio
         stats_ab=False,
     ))
+    if case == "G":
+        m.d_model, m.num_layers, m.num_heads, m.dtype = 1024, 12, 16, "auto"
+        c.task.train_length, c.train.batch_size = 2048, 16
+        c.bench.update(positions=("rope", "alibi", "t5", "fire"), rounds=1, warmup=3, steps=10,
+                       eval_lengths=(32768, 131072), peer=False)  # peers: benchmarks/
     return c

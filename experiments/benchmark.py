@@ -16,6 +16,12 @@ When rope is in the run, ``step_s / rope step_s`` lines compare every
 position with rope. Eval lengths in ``bench.peer_eval_lengths`` also run the
 peer's ``--eval-seq`` (one forward, its own peak RSS) and print the ratio.
 Each row carries ``load_1min`` (os.getloadavg): distrust rows taken under load.
+Training and evaluation rows also carry ``device`` (jax's device kind),
+``dtype`` (the resolved compute dtype) and, on accelerators,
+``device_peak_mb``; where the chip's dense bf16 peak is known
+(``CHIP_BF16_PEAK``), ``chip_bf16_peak_flops_per_s`` and ``mfu`` =
+model_flops_per_s / that peak. Case G is the accelerator case; its peers
+(x-transformers, FlexAttention) run from ``benchmarks/accelerator_check.py``.
 """
 
 from __future__ import annotations
@@ -31,11 +37,15 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py:R", "benchmark case", lock_config=True)
-_PEER_PYTHON = flags.DEFINE_string("peer_python", "", "python of a venv with torch and x-transformers")
-_PEER_SCRIPT = flags.DEFINE_string("peer_script", "../shared/bench/xt_bench.py", "the peer benchmark script")
-_ONLY = flags.DEFINE_list("positions", [], "subset of the case's positions")
-_EVAL_CHILD = flags.DEFINE_string("eval_child", "", "internal: POSITION:LENGTH, one eval in this process")
+
+def define_flags() -> None:
+    """The command line's flags (defined when run as a program, so that importing
+    the module, as the tests do, defines none and modules do not clash)."""
+    config_flags.DEFINE_config_file("config", "configs/benchmark.py:R", "benchmark case", lock_config=True)
+    flags.DEFINE_string("peer_python", "", "python of a venv with torch and x-transformers")
+    flags.DEFINE_string("peer_script", "../shared/bench/xt_bench.py", "the peer benchmark script")
+    flags.DEFINE_list("positions", [], "subset of the case's positions")
+    flags.DEFINE_string("eval_child", "", "internal: POSITION:LENGTH, one eval in this process")
 
 PEER_PE = {"rope": "rotary", "alibi": "alibi", "t5": "t5", "nope": "none", "learned": "abs"}
 
@@ -63,6 +73,26 @@ def _spec(c):
 
     longest = max(int(c.task.train_length), *(int(n) for n in c.bench.eval_lengths or (0,)))
     return ModelSpec.from_config(c.model, train_length=longest)
+
+
+# Dense bf16 peak FLOP/s per chip (vendor data sheets, no sparsity), matched in order against
+# jax's device_kind, for the model FLOP utilisation (mfu) of accelerator rows.
+CHIP_BF16_PEAK = (("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100", 989.4e12),
+                  ("A100", 312.0e12), ("TPU v6", 918.0e12), ("TPU v5p", 459.0e12),
+                  ("TPU v5", 197.0e12), ("TPU v4", 275.0e12))
+
+
+def chip() -> dict:
+    """The first device's kind, its dense bf16 peak (None if unknown) and its peak memory use."""
+    import jax
+
+    device = jax.devices()[0]
+    kind = device.device_kind
+    peak = next((p for name, p in CHIP_BF16_PEAK if name.lower() in kind.lower()), None)
+    stats = (device.memory_stats() or {}) if device.platform != "cpu" else {}
+    used = stats.get("peak_bytes_in_use")
+    return dict(device=kind, chip_bf16_peak_flops_per_s=peak,
+                device_peak_mb=None if used is None else round(used / 2 ** 20, 1))
 
 
 def matmul_peak_flops_per_s(n: int = 1024, repeats: int = 10) -> float:
@@ -145,12 +175,16 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
                 times.append(time.perf_counter() - t)
         tokens = int(c.train.batch_size) * int(c.task.train_length)
         tok_s = tokens / statistics.median(times)
+        dev = chip()
+        if dev["chip_bf16_peak_flops_per_s"]:  # model FLOP utilisation of the chip's bf16 peak
+            dev["mfu"] = round(tok_s * _flops_per_token(model, c) / dev["chip_bf16_peak_flops_per_s"], 4)
+        dev["dtype"] = _spec(c).dtype
         yield dict(case=c.bench.case, position=position, round=r, train_tokens_per_s=round(tok_s, 1),
                    step_s=round(statistics.median(times), 5),
                    model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
                    matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
                    peak_rss_mb=round(peak_rss_mb(), 1), loss=round(float(metrics["loss"]), 4),
-                   load_1min=round(os.getloadavg()[0], 2))
+                   **dev, load_1min=round(os.getloadavg()[0], 2))
 
 
 def _stats_in_step(task, config):
@@ -248,14 +282,15 @@ def bench_eval(config, position: str, length: int) -> dict:
     return dict(case=c.bench.case, position=position, eval_length=length,
                 eval_tokens_per_s=round(length / statistics.median(times), 1),
                 eval_s=round(statistics.median(times), 3), compile_s=round(compile_s, 2),
-                peak_rss_mb=round(peak_rss_mb(), 1), load_1min=round(os.getloadavg()[0], 2))
+                peak_rss_mb=round(peak_rss_mb(), 1), **chip(), dtype=_spec(c).dtype,
+                load_1min=round(os.getloadavg()[0], 2))
 
 
 def _peer(config, position: str, eval_length: int = 0) -> dict | None:
-    if not _PEER_PYTHON.value or position not in PEER_PE or not config.bench.peer:
+    if not flags.FLAGS.peer_python or position not in PEER_PE or not config.bench.peer:
         return None
     m = config.model
-    cmd = [_PEER_PYTHON.value, _PEER_SCRIPT.value, "--pe", PEER_PE[position], "--dim", str(m.d_model),
+    cmd = [flags.FLAGS.peer_python, flags.FLAGS.peer_script, "--pe", PEER_PE[position], "--dim", str(m.d_model),
            "--depth", str(m.num_layers), "--heads", str(m.num_heads), "--batch", str(config.train.batch_size),
            "--seq", str(config.task.train_length), "--vocab", str(m.vocab_size),
            "--steps", str(config.bench.steps), "--warmup", str(config.bench.warmup)]
@@ -272,6 +307,7 @@ def _peer(config, position: str, eval_length: int = 0) -> dict | None:
 def _eval_in_child(position: str, length: int) -> dict:
     argv = [sys.executable, "-m", "experiments.benchmark", f"--config={_config_arg()}",
             f"--eval_child={position}:{length}"]
+    argv += [a for a in sys.argv[1:] if a.startswith("--config.")]  # the same overrides
     from experiments import runtime
 
     plugins = runtime.plugin_names(sys.argv)
@@ -294,12 +330,12 @@ def _config_arg() -> str:
 
 def main(argv):
     del argv
-    config = _CONFIG.value
-    if _EVAL_CHILD.value:
-        position, length = _EVAL_CHILD.value.split(":")
+    config = flags.FLAGS.config
+    if flags.FLAGS.eval_child:
+        position, length = flags.FLAGS.eval_child.split(":")
         _emit(bench_eval(config, position, int(length)))
         return
-    positions = list(_ONLY.value) or list(config.bench.positions)
+    positions = list(flags.FLAGS.positions) or list(config.bench.positions)
     case = config.bench.case
     if config.bench.stats_ab:
         for position in positions:
@@ -350,4 +386,5 @@ if __name__ == "__main__":
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from experiments import runtime
 
+    define_flags()
     runtime.main(main)
