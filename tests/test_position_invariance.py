@@ -6,6 +6,7 @@ non-contiguous positions.
 - rotary (RoPE, xPos through apply_pair, Transformer-XL): within 1e-4 for unit-scale q, k,
   thanks to the range-reduced angles (the canonical float32 angles drift past 1e-4 at 10^6);
 - bf16 RoPE: each logit within 2^-7 |q| |k| of the exact one at any offset (two bf16 roundings);
+- through the decoder: every unit that declares ``relative`` (dense and blocked attention);
 - FIRE: not shift invariant by design (max(i, L) normaliser); invariant are its distance
   term log(|c (i - j)| + 1) and the whole bias while every query stays below L.
 """
@@ -16,8 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+import helpers
 from posenc import alibi, fire, kerple, rope, shaw, t5, transformer_xl, xpos
+from posenc.model import ENCODINGS
 
 SHIFTS = [1, 4097, 65_536, 10**6, -(10**6), 2**30]
 H, DH = 2, 16
@@ -186,3 +190,33 @@ def test_fire_is_not_shift_invariant_past_its_threshold():
     assert np.abs(np.asarray(moved - base)).max() > 1e-3
     x = fire.inputs(QP + 10**6, KP + 10**6, params["c"], fire.effective_threshold(params))
     assert float(jnp.max(x)) < 0.5  # every distance here is small next to 10^6
+
+
+# ----------------------------------------------------------------- through the decoder
+
+RELATIVE = sorted(k for k, cls in ENCODINGS.items() if cls.relative)
+DECODER_SHIFTS = (4097, 10**6)
+
+
+def test_the_relative_declarations_are_the_encodings_relative_in_theory():
+    # sinusoidal / learned read absolute positions; FIRE's normaliser max(i, L) does too.
+    assert {"sinusoidal", "learned", "fire"}.isdisjoint(RELATIVE)
+    assert {"rope", "irope", "xpos", "alibi", "t5", "shaw", "transformer_xl", "kerple_log", "kerple_power",
+            "cope", "nope", "fox", "stickbreaking", "path", "path_fox"} <= set(RELATIVE)
+
+
+@pytest.mark.parametrize("kind", RELATIVE)
+def test_decoder_logits_are_shift_invariant_dense_and_blocked(kind):
+    # Every position moved by c (to 10^6 and past): the logits of the whole decoder, dense and
+    # blocked attention, equal those at positions 0 .. L - 1 within 1e-4.
+    tokens = helpers.tokens(length=12)
+    base_positions = jnp.tile(jnp.arange(12, dtype=jnp.int32), (2, 1))
+    for impl in ("dense", "blocked"):
+        model = helpers.decoder(kind, perturb=0.05, attention_impl=impl, attention_block=4)
+        graphdef, state = nnx.split(model)
+        forward = jax.jit(lambda state, p: nnx.merge(graphdef, state)(tokens, p, deterministic=True))
+        base = np.asarray(forward(state, base_positions))
+        assert np.isfinite(base).all()
+        for c in DECODER_SHIFTS:
+            np.testing.assert_allclose(np.asarray(forward(state, base_positions + c)), base, rtol=0, atol=1e-4,
+                                       err_msg=f"{kind} {impl} shift {c}")

@@ -75,7 +75,8 @@ transforms the identity.
 
 Facts a unit declares as class attributes: ``full_rows`` (needs every key of
 a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
-the README table), ``pure`` (the pure module, for the API table).
+the README table), ``pure`` (the pure module, for the API table),
+``relative`` (the logits depend on positions only through differences).
 ``seq_len`` (the current length, as HF defines it for length-dependent
 RoPE: the largest position + 1, over the cached keys too in decoding; the
 static L for the default positions 0..L-1, else a traced scalar) is passed
@@ -131,6 +132,9 @@ class Encoding(nnx.Module):
     paper: ClassVar[str] = ""  # e.g. "Press et al. 2021"
     pure: ClassVar[str] = ""  # e.g. "posenc.alibi"
     full_rows: ClassVar[bool] = False  # needs every key of a query row at once
+    # logits depend on positions only through their differences: adding one offset to every
+    # position changes nothing (tests/test_position_invariance.py checks it through the decoder)
+    relative: ClassVar[bool] = False
     cached_features: ClassVar[tuple[str, ...]] = ()  # features every key needs (kept by the cache)
     spans: ClassVar[tuple[str, ...]] = SPANS  # attention spans the unit supports
 

@@ -9,6 +9,7 @@ from posenc.model.encoding import Encoding, register_encoding
 class ALiBi(Encoding):
     """Linear distance bias -slope_h (i - j), geometric slopes per head."""
 
+    relative = True
     paper = "Press et al. 2021"
     pure = "posenc.alibi"
 

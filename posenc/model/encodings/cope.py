@@ -12,6 +12,7 @@ from posenc.model.options import Option, nonnegative_int
 class CoPE(Encoding):
     """Contextual position encoding, embeddings [npos, Dh] (zeros at init, as the reference)."""
 
+    relative = True
     paper = "Golovneva et al. 2024"
     pure = "posenc.cope"
     full_rows = True

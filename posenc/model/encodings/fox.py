@@ -27,6 +27,7 @@ class FoX(Encoding):
     like the model's other projections; biases start at 0 (official).
     """
 
+    relative = True
     paper = "Lin et al. 2025"
     pure = "posenc.fox"
     cached_features = ("c",)

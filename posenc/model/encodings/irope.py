@@ -16,6 +16,7 @@ from posenc.model.options import Option, positive_int
 class IRoPE(RoPE):
     """RoPE, but every nope_every-th layer (ids nope_every - 1, ...) is NoPE."""
 
+    relative = True
     paper = "Llama 4 (Meta 2025)"
     pure = "posenc.irope"
     nope_every = Option(4, positive_int, "NoPE at layer ids nope_every - 1, 2 nope_every - 1, ...")

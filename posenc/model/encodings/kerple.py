@@ -11,6 +11,7 @@ from posenc.model.encoding import Encoding, register_encoding
 class _Kerple(Encoding):
     """KERPLE bias with per-head a, p, init U(0.01, 1) and U(0.01, 2), kept >= 0.01 after each update."""
 
+    relative = True
     paper = "Chi et al. 2022"
     pure = "posenc.kerple"
     kernel = "log"

@@ -7,4 +7,5 @@ from posenc.model.encoding import Encoding, register_encoding
 class NoPE(Encoding):
     """No positional encoding (causal mask only)."""
 
+    relative = True
     paper = "Kazemnejad et al. 2023"

@@ -38,6 +38,7 @@ class PaTH(Encoding):
     the model's others, the convolution torch's default, biases 0.
     """
 
+    relative = True
     paper = "Yang et al. 2025"
     pure = "posenc.path_attention"
     spans = ("full",)

@@ -19,6 +19,7 @@ def _fraction(name, value):
 class RoPE(Encoding):
     """Rotary embedding of queries and keys, any frequency scaling, half or interleaved pairs."""
 
+    relative = True
     paper = "Su et al. 2021"
     pure = "posenc.rope"
     scaling = Option("default", one_of(*rope_scaling.KINDS), "frequency scaling (posenc.rope.KINDS)")

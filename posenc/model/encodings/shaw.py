@@ -13,6 +13,7 @@ from posenc.model.options import Option, positive_int
 class Shaw(Encoding):
     """Clipped relative key and value tables [2k + 1, Dh], shared by heads."""
 
+    relative = True
     paper = "Shaw et al. 2018"
     pure = "posenc.shaw"
     max_distance = Option(20, positive_int, "clipping distance k (tensor2tensor's default 20)")

@@ -33,6 +33,7 @@ class StickBreaking(Encoding):
     query came after every key).
     """
 
+    relative = True
     paper = "Tan et al. 2025"
     pure = "posenc.stickbreaking"
     spans = ("full",)

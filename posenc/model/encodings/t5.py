@@ -13,6 +13,7 @@ from posenc.model.options import Option, boolean, positive_int
 class T5(Encoding):
     """Bucketed learned relative bias, table [num_buckets, H], shared by all layers by default."""
 
+    relative = True
     paper = "Raffel et al. 2020"
     pure = "posenc.t5"
     num_buckets = Option(32, positive_int, "relative-position buckets")

@@ -12,6 +12,7 @@ from posenc.model.options import Option, one_of
 class TransformerXL(Encoding):
     """Relative terms u.k_j + (q_i + v).(W_r R_{i-j}) on top of q.k."""
 
+    relative = True
     paper = "Dai et al. 2019"
     pure = "posenc.transformer_xl"
     angles = Option("exact", one_of(*rope.ANGLES), "sinusoid phases: exact (error independent of "

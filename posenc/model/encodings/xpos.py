@@ -17,6 +17,7 @@ class XPos(RoPE):
     (54,390 at the defaults); longer sequences are refused before tracing.
     """
 
+    relative = True
     paper = "Sun et al. 2022"
     pure = "posenc.xpos"
     layout = Option("interleaved", one_of(*rope.LAYOUTS), "pairs (2i, 2i + 1) (torchscale) | (j, j + d/2)")
