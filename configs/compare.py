@@ -13,8 +13,10 @@ Args:
               until 0.99 validation accuracy at length 16 (at most 4000 steps),
               then evaluated at 16, 32, 64, 128 (8x). The learned table has 128
               rows (untrained past 16).
-    full      every registered encoding, 3 seeds, copy and reverse, the default
-              (longer) training.
+    full      every registered encoding, the Gemma 3 / SWAN-GPT / Llama 4 layer
+              presets, sliding-window RoPE, p-RoPE and RoPE with SSMax / log-n
+              logit scaling, 3 seeds, copy and reverse, the default (longer)
+              training.
     norms     RoPE with every norm placement, 2 seeds, a higher learning rate.
     scaling   RoPE context extension at factor 4: one RoPE model per seed, trained
               once and evaluated zero-shot with PI, NTK, dynamic NTK, YaRN (paper and
@@ -157,6 +159,41 @@ def _more_zero_shot(base, factor: float) -> dict:
     }
 
 
+def _preset_fields(base, name: str) -> dict:
+    """The dotted model.* fields that configs/default.py's preset ``name`` changes in ``base``."""
+    import copy
+
+    changed = copy.deepcopy(base)
+    default.PRESETS[name](changed)
+
+    def diff(new, old, prefix):
+        out = {}
+        for key in new:
+            if isinstance(new[key], ml_collections.ConfigDict):
+                out.update(diff(new[key], old[key], f"{prefix}.{key}"))
+            elif new[key] != old[key]:
+                out[f"{prefix}.{key}"] = new[key]
+        return out
+
+    return diff(changed.model, base.model, "model")
+
+
+def attention_variants(base) -> dict:
+    """Grid entries beside the encodings: the layer-span presets (Gemma 3, SWAN-GPT, Llama 4),
+    sliding-window RoPE, p-RoPE (the lowest quarter of frequencies dropped) and RoPE with
+    length-aware logit scaling (SSMax, log-n)."""
+    window = max(int(base.task.train_length) // 2, 1)
+    return {
+        **{name: _preset_fields(base, name) for name in default.PRESETS},
+        "rope_window": {"model.position.kind": "rope", "model.attention_span": "window",
+                        "model.attention_window": window},
+        "p_rope": {"model.position.kind": "rope", "model.position.rope.scaling": "proportional",
+                   "model.position.rope.fraction": 0.75},
+        "rope_ssmax": {"model.position.kind": "rope", "model.logit_scale.kind": "ssmax"},
+        "rope_logn": {"model.position.kind": "rope", "model.logit_scale.kind": "logn"},
+    }
+
+
 def _quick_copy(b) -> None:
     """The quick grid's task, model and budget (chosen by measurement: docs/results_findings.md).
 
@@ -293,7 +330,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         from posenc.model import ENCODINGS
 
         c.base.train.progress = False
-        c.grid = _grid(tasks=("copy", "reverse"), positions=tuple(sorted(ENCODINGS)), seeds=(0, 1, 2))
+        c.variants = default.fields(attention_variants(c.base))
+        c.grid = _grid(tasks=("copy", "reverse"), positions=(*sorted(ENCODINGS), *c.variants), seeds=(0, 1, 2))
     elif arg == "norms":
         from posenc import registry
 

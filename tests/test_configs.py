@@ -195,3 +195,16 @@ def test_compare_other_grids_load(arg):
 def test_compare_unknown_arg():
     with pytest.raises(ValueError, match="choose one of: quick, full, norms, scaling"):
         compare.get_config("fast")
+
+
+def test_full_grid_has_every_encoding_and_the_attention_variants():
+    from experiments import compare as compare_main
+
+    c = compare.get_config("full")
+    extra = {"gemma3", "swan", "llama4", "rope_window", "p_rope", "rope_ssmax", "rope_logn"}
+    assert set(ENCODINGS) | extra <= set(c.grid.positions)
+    assert c.variants.gemma3["model.global_every"] == 6 and c.variants.llama4["model.attention_span"] == "chunk"
+    c.grid.update(tasks=("copy",), seeds=(0,))
+    points = {p.variant: p.resolved for p in compare_main.expand(c)}  # every point validates
+    assert points["rope_window"].config.model.attention_window == 16
+    assert points["p_rope"].spec.position.options["rope"]["scaling"] == "proportional"
