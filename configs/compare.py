@@ -195,7 +195,7 @@ def attention_variants(base) -> dict:
 
 
 def _quick_copy(b) -> None:
-    """The quick grid's task, model and budget (chosen by measurement: docs/results_findings.md).
+    """The quick grid's task, model and budget (chosen by measurement; its outcome: README "Results").
 
     Copy at length 16 (strings of 7 symbols), evaluated at 16-128 (8x); 3
     layers, so that NoPE fits too (with 2 it reached 0.85-0.975 in 4000
