@@ -55,28 +55,15 @@ SCALINGS = (("default", "unscaled"), ("linear", "PI"), ("ntk", "NTK"), ("yarn", 
 # ------------------------------------------------------------------ loading
 def load(workdir: str):
     """``(resolved, model)`` of the run in ``workdir``: its config and its newest checkpoint's parameters."""
-    import ml_collections
     from flax import nnx
 
-    from posenc.training import loop, setup
-    from posenc.training.checkpoint import Checkpointer
+    from posenc.model import Decoder
+    from posenc.training import finetune
 
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise ValueError(f"{workdir} holds no run (no config.json); train one with experiments.train")
-    with open(path) as f:
-        saved = json.load(f)
-    resolved = setup.resolve(ml_collections.ConfigDict(saved["config"]))
-    model, optimizer, _, state = loop.init_state(resolved)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        if ckpt.latest_step() is None:
-            raise ValueError(f"{workdir} has no checkpoint (did its training diverge or not start?)")
-        state, _ = ckpt.restore(state)
-    finally:
-        ckpt.close()
-    nnx.update((model, optimizer), state)
-    return resolved, model
+    run = finetune.load_run(workdir, finished=False)  # the same errors: no config.json, no checkpoint
+    model = Decoder(run.resolved.spec, rngs=nnx.Rngs(0))
+    nnx.update(model, run.params)
+    return run.resolved, model
 
 
 def eval_batch(resolved, length: int, batch_size: int, seed: int):
