@@ -52,3 +52,19 @@ def attention_kinds():
 
 def tokens(batch=2, length=12, vocab=16, seed=0):
     return jax.random.randint(jax.random.key(seed), (batch, length), 0, vocab, jnp.int32)
+
+
+def decode_in_pieces(model, tokens, first, max_length):
+    """One jit: the full forward, a decode of tokens[:, :first] then the rest (and the cache),
+    and the full forward at shifted positions 77 + 3 i."""
+    g, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, tokens):
+        m = nnx.merge(g, state)
+        cache = m.init_cache(tokens.shape[0], max_length)
+        a, cache = m.decode(tokens[:, :first], cache)
+        b, cache = m.decode(tokens[:, first:], cache)
+        return m(tokens), a, b, cache, m(tokens, 77 + 3 * jnp.arange(tokens.shape[1]))
+
+    return run(state, tokens)

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from test_fox import (group_norm_gated_ref, group_norm_ref, logsigmoid, naive_forgetting_attn,
                       official_token_shift, sigmoid)
 
@@ -28,22 +27,6 @@ DH = D // H
 def _layer(pro, **model):
     model = helpers.decoder("fox", position=dict(pro=pro), num_layers=1, perturb=0.05, **model)
     return model, model.blocks[0].attn
-
-
-def _in_pieces(model, tokens, first, max_length):
-    """One jit: the full forward, a decode of tokens[:, :first] then the rest, and the full
-    forward at shifted positions."""
-    g, state = nnx.split(model)
-
-    @jax.jit
-    def run(state, tokens):
-        m = nnx.merge(g, state)
-        cache = m.init_cache(tokens.shape[0], max_length)
-        a, cache = m.decode(tokens[:, :first], cache)
-        b, cache = m.decode(tokens[:, first:], cache)
-        return m(tokens), a, b, cache, m(tokens, 77 + 3 * jnp.arange(tokens.shape[1]))
-
-    return run(state, tokens)
 
 
 def _np(p):
@@ -104,7 +87,7 @@ def test_bf16_layer_and_prefill_in_pieces():
     # Pieces through the decoder's cache, float32 model.
     model, _ = _layer(True)
     tokens = helpers.tokens(B, L)
-    full, a, b, cache, shifted = _in_pieces(model, tokens, 4, L + 2)
+    full, a, b, cache, shifted = helpers.decode_in_pieces(model, tokens, 4, L + 2)
     np.testing.assert_allclose(np.concatenate([a, b], 1), full, rtol=2e-5, atol=2e-5)
     assert set(cache["state"][0]) == {"c", "k_prev", "v_prev"}
     assert cache["features"][0]["c"].shape == (B, L + 2, H)

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from test_path_attention import causal_conv1d_ref, naive_path_attn
 
 B, L, D, H, K = 2, 10, 32, 4, 2
@@ -25,22 +24,6 @@ DH = D // H
 def _layer(kind, **model):
     model = helpers.decoder(kind, num_layers=1, num_kv_heads=K, perturb=0.05, **model)
     return model, model.blocks[0].attn
-
-
-def _in_pieces(model, tokens, first, max_length):
-    """One jit: the full forward, a decode of tokens[:, :first] then the rest, and the full
-    forward at shifted positions."""
-    g, state = nnx.split(model)
-
-    @jax.jit
-    def run(state, tokens):
-        m = nnx.merge(g, state)
-        cache = m.init_cache(tokens.shape[0], max_length)
-        a, cache = m.decode(tokens[:, :first], cache)
-        b, cache = m.decode(tokens[:, first:], cache)
-        return m(tokens), a, b, cache, m(tokens, 77 + 3 * jnp.arange(tokens.shape[1]))
-
-    return run(state, tokens)
 
 
 def _np(p):
@@ -108,7 +91,7 @@ def test_bf16_layer_and_chunked_prefill_from_the_cache():
     # Queries fewer than keys: 4 tokens, then 6 against the 4 cached (moved) keys and themselves.
     model, _ = _layer("path_fox")
     tokens = helpers.tokens(B, L)
-    full, a, b, cache, shifted = _in_pieces(model, tokens, 4, L + 2)
+    full, a, b, cache, shifted = helpers.decode_in_pieces(model, tokens, 4, L + 2)
     np.testing.assert_allclose(np.concatenate([a, b], 1), full, rtol=2e-5, atol=2e-5)
     assert set(cache["state"][0]) == {"conv", "c"} and cache["state"][0]["conv"].shape == (B, 2, K * DH)
     # No position input: shifted positions give the same logits.

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from test_stickbreaking import logsigmoid, official_ref_fwd
 
 B, L, D, H = 2, 9, 32, 4
@@ -24,22 +23,6 @@ def _layer(attend_current=False, **model):
     model = helpers.decoder("stickbreaking", position=dict(attend_current=attend_current),
                             num_layers=1, **model)
     return model, model.blocks[0].attn
-
-
-def _in_pieces(model, tokens, first, max_length):
-    """One jit: the full forward, a decode of tokens[:, :first] then the rest, and the full
-    forward at shifted positions."""
-    g, state = nnx.split(model)
-
-    @jax.jit
-    def run(state, tokens):
-        m = nnx.merge(g, state)
-        cache = m.init_cache(tokens.shape[0], max_length)
-        a, cache = m.decode(tokens[:, :first], cache)
-        b, cache = m.decode(tokens[:, first:], cache)
-        return m(tokens), a, b, cache, m(tokens, 77 + 3 * jnp.arange(tokens.shape[1]))
-
-    return run(state, tokens)
 
 
 def _heads_first(y):
@@ -102,7 +85,7 @@ def test_bf16_layer_and_decoding_in_pieces():
     model, _ = _layer(True)
     tokens = helpers.tokens(B, L)
     # 4 queries against 4 keys, then 5 against 9 (a cache of 12 slots: 3 unused)
-    full, a, b, _, shifted = _in_pieces(model, tokens, 4, L + 3)
+    full, a, b, _, shifted = helpers.decode_in_pieces(model, tokens, 4, L + 3)
     np.testing.assert_allclose(np.concatenate([a, b], 1), full, rtol=2e-5, atol=2e-5)
     # No position term: shifted positions give the same logits.
     np.testing.assert_allclose(np.asarray(shifted), np.asarray(full), rtol=1e-6, atol=1e-6)
