@@ -280,7 +280,7 @@ def plot_interaction(rows, directory: str) -> list[str]:
         ax.set_yticks(range(len(names)), names, fontsize=8)
         label = "OOD accuracy" if higher else "OOD log-perplexity"
         fig.colorbar(image, ax=ax, label=label)
-        ax.set_title(f"{task}: {label} per encoding x placement (* best per row; mean, 95% t-interval)",
+        ax.set_title(f"{task}: {label} per encoding x placement\n(* best per row; mean, 95% t-interval)",
                      fontsize=9)
         fig.tight_layout()
         paths.append(plots.save(fig, os.path.join(directory, f"findings_interaction_{task}.png")))
