@@ -171,7 +171,7 @@ def _run_points(config, workdir: str, points, include_unfitted: bool = False) ->
     written = report.write_report(all_rows, workdir, include_unfitted=include_unfitted)
     from experiments import findings  # the grid's own findings (config.findings), e.g. randomized gain
 
-    written += findings.write(config.get("findings", ""), all_rows, workdir)
+    written += findings.write(config.get("findings", ""), all_rows, workdir, include_unfitted)
     logging.info("%d runs trained, %d skipped in %.0fs; wrote %s, %s", ran, skipped, time.time() - t0,
                  os.path.join(workdir, "results.jsonl"), ", ".join(written))
     return all_rows

@@ -14,6 +14,9 @@ all tokens, lower is better), and the same at the training length. Runs
 that did not fit (``fitted`` False) are left out and counted, as in
 table.md; runs that diverged count as diverged. Cells are the mean and the
 95% t-interval over seeds (:func:`posenc.training.report.interval`).
+With ``--include_unfitted`` (``include_unfitted=True``; ``experiments.compare
+--include_unfitted`` passes it on) the unfitted runs are scored too and the
+cells say ``[k unfitted, included]``.
 
 * ``randomized`` (Ruoss et al. 2023): per task and encoding ``k``, the gain
   = OOD accuracy of ``k_randomized`` minus that of ``k`` (seed means); per
@@ -76,8 +79,8 @@ def run_scores(rows) -> list[dict]:
     return out
 
 
-def _cells(scores, keys) -> dict:
-    """``{key tuple: {"ood", "ind": interval or None, "runs", "unfitted", "diverged"}}`` over seeds."""
+def _cells(scores, keys, include_unfitted: bool = False) -> dict:
+    """``{key tuple: {"ood", "ind": interval or None, "runs", "unfitted", "diverged", "included"}}`` over seeds."""
     from posenc.training import report
 
     groups = collections.defaultdict(list)
@@ -85,11 +88,11 @@ def _cells(scores, keys) -> dict:
         groups[tuple(s[k] for k in keys)].append(s)
     out = {}
     for key, g in groups.items():
-        use = [s for s in g if s["fitted"] is not False and not s["diverged"]]
+        use = [s for s in g if (include_unfitted or s["fitted"] is not False) and not s["diverged"]]
         out[key] = dict(ood=report.interval([s["ood"] for s in use if s["ood"] is not None]),
                         ind=report.interval([s["ind"] for s in use if s["ind"] is not None]),
                         runs=len(g), unfitted=sum(s["fitted"] is False for s in g),
-                        diverged=sum(s["diverged"] for s in g))
+                        diverged=sum(s["diverged"] for s in g), included=include_unfitted)
     return out
 
 
@@ -101,11 +104,12 @@ def _fmt(stat, digits: int = 3) -> str:
 
 
 def _notes(cell) -> str:
-    return "".join(f" [{cell[k]} {k}]" for k in ("unfitted", "diverged") if cell[k])
+    return "".join(f" [{cell[k]} {k}{', included' if k == 'unfitted' and cell['included'] else ''}]"
+                   for k in ("unfitted", "diverged") if cell[k])
 
 
 # -------------------------------------------------------------- randomized
-def randomized_gain(rows) -> dict:
+def randomized_gain(rows, include_unfitted: bool = False) -> dict:
     """``{"tasks": {task: {kind: gain}}, "per_encoding": {kind: (mean, half, n)}, "overall": ...}``.
 
     Pairs the variants ``k`` and ``k_randomized`` of each task; a pair
@@ -113,7 +117,7 @@ def randomized_gain(rows) -> dict:
     """
     from posenc.training import report
 
-    cells = _cells(run_scores(rows), ("task", "variant"))
+    cells = _cells(run_scores(rows), ("task", "variant"), include_unfitted)
     tasks = sorted({t for t, _ in cells})
     kinds = sorted({v[: -len("_randomized")] for _, v in cells if v.endswith("_randomized")})
     gains, missing = {}, []
@@ -131,13 +135,15 @@ def randomized_gain(rows) -> dict:
     return {"tasks": gains, "per_encoding": per, "overall": overall, "missing": missing, "cells": cells}
 
 
-def randomized_markdown(rows) -> str:
-    res = randomized_gain(rows)
+def randomized_markdown(rows, include_unfitted: bool = False) -> str:
+    res = randomized_gain(rows, include_unfitted)
     kinds = sorted(res["per_encoding"])
     lines = ["## Randomized positions: gain in accuracy beyond the training length", "",
              "Gain = mean OOD accuracy (over seeds; each run's accuracy averaged over the lengths beyond "
              "training) with `model.position.randomized` minus without. Per encoding: mean over tasks "
-             "± 95% t-interval over tasks. Ruoss et al. 2023 report +12.0% on average.", "",
+             "± 95% t-interval over tasks. Ruoss et al. 2023 report +12.0% on average. "
+             + ("Every run is scored, fitted or not (--include_unfitted)." if include_unfitted
+                else "Only runs that fitted the training length are scored."), "",
              "| task | " + " | ".join(f"{k}: plain → randomized (gain)" for k in kinds) + " |",
              "|" + "---|" * (len(kinds) + 1)]
     for task in sorted({t for t, _ in res["cells"]}):
@@ -162,10 +168,10 @@ def randomized_markdown(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_randomized(rows, path: str) -> str | None:
+def plot_randomized(rows, path: str, include_unfitted: bool = False) -> str | None:
     from posenc.training import plots
 
-    res = randomized_gain(rows)
+    res = randomized_gain(rows, include_unfitted)
     kinds = [k for k in sorted(res["per_encoding"]) if res["per_encoding"][k]]
     if not kinds:
         return None
@@ -180,7 +186,9 @@ def plot_randomized(rows, path: str) -> str | None:
     ax.axhline(0.12, color="gray", linestyle="--", linewidth=1, label="Ruoss et al. 2023: +0.120 mean")
     ax.set_xticks(range(len(kinds)), kinds)
     ax.set_ylabel("OOD accuracy gain (randomized - plain)")
-    ax.set_title("randomized positions: mean gain over tasks (95% t-interval; dots: tasks)", fontsize=9)
+    ax.set_title("randomized positions: mean gain over tasks (95% t-interval; dots: tasks)\n"
+                 + ("every run, fitted or not" if include_unfitted else "runs that fitted the training length"),
+                 fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -190,9 +198,9 @@ def plot_randomized(rows, path: str) -> str | None:
 
 
 # ------------------------------------------------------------- interaction
-def best_placements(rows) -> dict:
+def best_placements(rows, include_unfitted: bool = False) -> dict:
     """``{task: {variant: {"best", "clear", "cells": {placement: cell}}}}`` (OOD score)."""
-    cells = _cells(run_scores(rows), ("task", "variant", "placement"))
+    cells = _cells(run_scores(rows), ("task", "variant", "placement"), include_unfitted)
     out = {}
     for (task, variant, placement), cell in cells.items():
         out.setdefault(task, {}).setdefault(variant, {"cells": {}})["cells"][placement] = cell
@@ -210,8 +218,8 @@ def best_placements(rows) -> dict:
     return out
 
 
-def interaction_markdown(rows) -> str:
-    res = best_placements(rows)
+def interaction_markdown(rows, include_unfitted: bool = False) -> str:
+    res = best_placements(rows, include_unfitted)
     lines = ["## Position encoding x norm placement", ""]
     for task in sorted(res):
         metric, higher = _metric(task)
@@ -250,12 +258,12 @@ def interaction_markdown(rows) -> str:
     return "\n".join(lines)
 
 
-def plot_interaction(rows, directory: str) -> list[str]:
+def plot_interaction(rows, directory: str, include_unfitted: bool = False) -> list[str]:
     import numpy as np
 
     from posenc.training import plots
 
-    res, paths = best_placements(rows), []
+    res, paths = best_placements(rows, include_unfitted), []
     plt = _pyplot()
     for task, variants in sorted(res.items()):
         metric, higher = _metric(task)
@@ -289,7 +297,7 @@ def plot_interaction(rows, directory: str) -> list[str]:
 
 
 # ------------------------------------------------------------------- files
-def write(kind: str, rows, workdir: str) -> list[str]:
+def write(kind: str, rows, workdir: str, include_unfitted: bool = False) -> list[str]:
     """Write ``findings.md`` and the figures of ``kind`` (one of KINDS; "" writes nothing)."""
     from posenc import checks
     from posenc.training.results import atomic_write_text
@@ -301,11 +309,11 @@ def write(kind: str, rows, workdir: str) -> list[str]:
     os.makedirs(plots_dir, exist_ok=True)
     md = os.path.join(workdir, "findings.md")
     if kind == "randomized":
-        atomic_write_text(md, randomized_markdown(rows))
-        fig = plot_randomized(rows, os.path.join(plots_dir, "findings_randomized.png"))
+        atomic_write_text(md, randomized_markdown(rows, include_unfitted))
+        fig = plot_randomized(rows, os.path.join(plots_dir, "findings_randomized.png"), include_unfitted)
         return [md] + ([fig] if fig else [])
-    atomic_write_text(md, interaction_markdown(rows))
-    return [md] + plot_interaction(rows, plots_dir)
+    atomic_write_text(md, interaction_markdown(rows, include_unfitted))
+    return [md] + plot_interaction(rows, plots_dir, include_unfitted)
 
 
 def copy_figures(workdir: str, directory: str, name: str, plots=None) -> list[str]:
@@ -339,6 +347,7 @@ def define_flags() -> None:
     flags.DEFINE_enum("kind", "", KINDS, "Findings to write (the grid config's `findings`; '' = none).")
     flags.DEFINE_string("figures", None, "Copy the grid's main figures into this directory.")
     flags.DEFINE_string("name", None, "File name part of the copied figures (with --figures).")
+    flags.DEFINE_bool("include_unfitted", False, "Score every run, not only those that fitted.")
     flags.DEFINE_list("plots", None, "With --figures: the plots to copy (file names without .png; "
                       "default: the main ones).")
     flags.mark_flags_as_required(["workdir"])
@@ -351,7 +360,7 @@ def main(argv):
 
     f = flags.FLAGS
     rows = results.read_jsonl(os.path.join(f.workdir, "results.jsonl"))
-    for path in write(f.kind, rows, f.workdir):
+    for path in write(f.kind, rows, f.workdir, f.include_unfitted):
         print(path)
     if f.figures:
         if not f.name:

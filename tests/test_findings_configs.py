@@ -117,6 +117,12 @@ def test_randomized_gain_per_encoding_and_overall():
     assert res["overall"][0] == pytest.approx(0.25)
     md = findings.randomized_markdown(rows)
     assert "+0.400" in md and "[1 unfitted]" in md and "a/alibi" in md
+    # --include_unfitted scores the unfitted run too: alibi's gain 0.4 - 0.5
+    res = findings.randomized_gain(rows, include_unfitted=True)
+    assert res["tasks"]["a"]["alibi"] == pytest.approx(-0.1) and res["missing"] == []
+    assert res["overall"][0] == pytest.approx((0.4 + 0.1 - 0.1) / 3)
+    md = findings.randomized_markdown(rows, include_unfitted=True)
+    assert "[1 unfitted, included]" in md and "**-0.100**" in md and "fitted or not" in md
 
 
 def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
