@@ -55,6 +55,15 @@ def test_randomized_quick_pairs_every_encoding_with_its_randomized_variant():
     assert "copy" in c.grid.tasks and {"DCF", "CS"} <= levels
 
 
+@pytest.mark.parametrize("arg", ["randomized", "randomized_quick", "chomsky", "chomsky_quick"])
+def test_chomsky_family_grids_scale_token_embeddings_as_the_reference(arg):
+    # models/transformer.py of the reference multiplies the embeddings by sqrt(d_model); without it
+    # randomized sinusoidal positions swamp the tokens and the model stays at chance.
+    c = compare.get_config(arg)
+    assert c.base.model.norm.embed_scale is True
+    assert compare.get_config("suite_quick").base.model.norm.embed_scale is False
+
+
 def test_randomized_full_covers_every_chomsky_task_and_every_encoding_but_nope():
     c = compare.get_config("randomized")
     assert set(compare.chomsky_tasks()) | {"copy", "reverse"} == set(c.grid.tasks)
