@@ -41,7 +41,6 @@ import os
 import time
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import runtime
 
@@ -49,10 +48,9 @@ from experiments import runtime
 def define_flags() -> None:
     """The command line's flags (defined when run as a program, so that importing
     the module, as the tests do, defines none and modules do not clash)."""
-    config_flags.DEFINE_config_file("config", None, "Path to configs/compare.py[:ARG].", lock_config=True)
-    flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
+    runtime.define_config_and_workdir("Path to configs/compare.py[:ARG].",
+                                      "Directory for all runs, the table and plots.")
     flags.DEFINE_bool("include_unfitted", False, "Report cells over every run, not only those that fitted.")
-    flags.mark_flags_as_required(["config", "workdir"])
 
 # grid axis -> the field a plain entry sets
 AXES = {"tasks": "task.name", "positions": "model.position.kind", "placements": "model.norm.placement",

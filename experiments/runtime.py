@@ -51,6 +51,18 @@ def load_plugins(names) -> None:
             raise SystemExit(2) from None
 
 
+def define_config_and_workdir(config_help: str, workdir_help: str) -> None:
+    """The required ``--config`` (an ml_collections config file, locked) and ``--workdir`` flags.
+
+    Called from an entry point's ``define_flags`` (when run as a program), before its own flags.
+    """
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, config_help, lock_config=True)
+    flags.DEFINE_string("workdir", None, workdir_help)
+    flags.mark_flags_as_required(["config", "workdir"])
+
+
 def main(fn) -> None:
     """``app.run(fn)`` for an entry point: plugins load before the config file is parsed
     (so their encodings have config sections and names), and a bad config value or

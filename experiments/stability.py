@@ -32,7 +32,6 @@ import os
 import time
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import runtime
 
@@ -40,9 +39,8 @@ from experiments import runtime
 def define_flags() -> None:
     """The command line's flags (defined when run as a program, so that importing
     the module, as the tests do, defines none and modules do not clash)."""
-    config_flags.DEFINE_config_file("config", None, "Path to configs/stability.py[:ARG].", lock_config=True)
-    flags.DEFINE_string("workdir", None, "Directory for all runs, the table and plots.")
-    flags.mark_flags_as_required(["config", "workdir"])
+    runtime.define_config_and_workdir("Path to configs/stability.py[:ARG].",
+                                      "Directory for all runs, the table and plots.")
 
 
 @dataclasses.dataclass

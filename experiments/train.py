@@ -22,7 +22,6 @@ See docs/multidevice.md.
 from __future__ import annotations
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import runtime
 
@@ -30,10 +29,9 @@ from experiments import runtime
 def define_flags() -> None:
     """The command line's flags (defined when run as a program, so that importing
     the module, as the tests do, defines none and modules do not clash)."""
-    config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:ARG]).", lock_config=True)
-    flags.DEFINE_string("workdir", None, "Directory for checkpoints and results.")
+    runtime.define_config_and_workdir("Path to a config file (configs/*.py[:ARG]).",
+                                      "Directory for checkpoints and results.")
     flags.DEFINE_integer("max_steps_this_run", None, "Stop after this many steps (checkpointed); rerun to resume.")
-    flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
