@@ -37,12 +37,17 @@ def decoder(kind="rope", *, seed=0, train_length=TRAIN_LENGTH, perturb=0.0, **kw
     zero-initialised position parameters (CoPE embeddings, ReZero gates) take part in tests."""
     model = Decoder(spec(kind, train_length=train_length, **kw), rngs=nnx.Rngs(seed))
     if perturb:
-        state = nnx.state(model, nnx.Param)
-        leaves, tree = jax.tree.flatten(state)
-        keys = jax.random.split(jax.random.key(seed + 1000), len(leaves))
-        noisy = [x + perturb * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-        nnx.update(model, jax.tree.unflatten(tree, noisy))
+        perturb_params(model, jax.random.key(seed + 1000), perturb)
     return model
+
+
+def perturb_params(model, key, scale):
+    """Add N(0, scale^2) noise to every parameter of ``model`` in place (one key per leaf)."""
+    state = nnx.state(model, nnx.Param)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(key, len(leaves))
+    noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    nnx.update(model, jax.tree.unflatten(tree, noisy))
 
 
 def attention_kinds():
@@ -68,3 +73,15 @@ def decode_in_pieces(model, tokens, first, max_length):
         return m(tokens), a, b, cache, m(tokens, 77 + 3 * jnp.arange(tokens.shape[1]))
 
     return run(state, tokens)
+
+
+def decode_stepwise(m, tokens, first, max_length, positions=None):
+    """Inside a jit: cached decoding of tokens[:, :first] (at positions[:first] when given), then one
+    token per call, positions continuing from the cache -> (logits [B, L, V], cache)."""
+    cache = m.init_cache(tokens.shape[0], max_length)
+    out, cache = m.decode(tokens[:, :first], cache, *(() if positions is None else (positions[:first],)))
+    outs = [out]
+    for t in range(first, tokens.shape[1]):
+        out, cache = m.decode(tokens[:, t:t + 1], cache)
+        outs.append(out)
+    return jnp.concatenate(outs, axis=1), cache

@@ -35,25 +35,14 @@ def _full_and_cached(cfg, positions, perturb=0.02):
     Parameters are perturbed so that zero-initialised ones (CoPE embeddings) take part."""
     model = Decoder(spec(cfg, train_length=MAX_LEN + OFFSET + 1), rngs=nnx.Rngs(0))
     if perturb:
-        state = nnx.state(model, nnx.Param)
-        leaves, tree = jax.tree.flatten(state)
-        keys = jax.random.split(jax.random.key(7), len(leaves))
-        nnx.update(model, jax.tree.unflatten(tree, [x + perturb * jax.random.normal(k, x.shape)
-                                                    for x, k in zip(leaves, keys)]))
+        helpers.perturb_params(model, jax.random.key(7), perturb)
     g, state = nnx.split(model)
     tokens = _tokens()
 
     @jax.jit
     def run(state, tokens):
         m = nnx.merge(g, state)
-        full = m(tokens, positions)
-        cache = m.init_cache(tokens.shape[0], MAX_LEN)
-        out, cache = m.decode(tokens[:, :PREFILL], cache, positions[:PREFILL])
-        outs = [out]
-        for t in range(PREFILL, L):
-            out, cache = m.decode(tokens[:, t:t + 1], cache)  # positions continue from the cache
-            outs.append(out)
-        return full, jnp.concatenate(outs, axis=1), cache
+        return (m(tokens, positions), *helpers.decode_stepwise(m, tokens, PREFILL, MAX_LEN, positions))
 
     return run(state, tokens)
 

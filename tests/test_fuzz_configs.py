@@ -11,6 +11,7 @@ import collections
 import math
 import os
 
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +23,7 @@ from jax import monitoring
 
 from posenc import registry, rope, rope_scaling
 from posenc.tasks import TASKS
-from posenc.model import ENCODINGS, Decoder
+from posenc.model import ENCODINGS
 from posenc.model import spec as spec_lib
 from posenc.training import loop, overrides, setup
 from posenc.training import step as step_lib
@@ -103,11 +104,7 @@ def valid_fields(draw):
 
 def _perturbed(model, seed):
     # Zero-initialised parameters (ReZero gates, CoPE embeddings) must take part in the check.
-    state = nnx.state(model, nnx.Param)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    nnx.update(model, jax.tree.unflatten(tree, [x + 0.02 * jax.random.normal(k, x.shape, x.dtype)
-                                                for x, k in zip(leaves, keys)]))
+    helpers.perturb_params(model, jax.random.key(seed), 0.02)
 
 
 def _check_program(task, config):
@@ -119,15 +116,10 @@ def _check_program(task, config):
         state, metrics = train_step(graphdef, state, key)
         model, _ = nnx.merge(graphdef, state)
         full = model(tokens, positions)
-        cache = model.init_cache(tokens.shape[0], LENGTH)
-        out, cache = model.decode(tokens[:, :PREFILL], cache, positions[:PREFILL])
-        outs = [out]
-        for t in range(PREFILL, LENGTH):
-            out, cache = model.decode(tokens[:, t:t + 1], cache)  # positions continue from the cache
-            outs.append(out)
+        cached, _ = helpers.decode_stepwise(model, tokens, PREFILL, LENGTH, positions)
         finite = jnp.all(jnp.asarray([jnp.isfinite(x).all() for x in jax.tree.leaves(
             nnx.state(model, nnx.Param))]))
-        return metrics, full, jnp.concatenate(outs, axis=1), finite
+        return metrics, full, cached, finite
 
     return check
 
