@@ -8,6 +8,7 @@ complete runs are skipped, so an interrupted comparison resumes. Writes
 WORKDIR/results.jsonl, WORKDIR/table.md and WORKDIR/plots/<task>_<metric>.png.
 
 Args:
+    smoke     two tiny runs of two seeds each (seconds; the engine's tests)
     quick     (default) nope, sinusoidal, learned, rope, alibi, t5 on copy at
               length 16 (3 layers, d_model 64), 3 seeds trained together, each
               until 0.99 validation accuracy at length 16 (at most 4000 steps),
@@ -85,8 +86,9 @@ from __future__ import annotations
 import ml_collections
 
 from configs import default  # the repository root is on sys.path (python -m experiments...)
+from posenc.config.schema import unknown_argument
 
-ARGS = ("quick", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
+ARGS = ("quick", "smoke", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
         "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick")
 
 
@@ -177,22 +179,8 @@ def _more_zero_shot(base, factor: float) -> dict:
 
 
 def _preset_fields(base, name: str) -> dict:
-    """The dotted model.* fields that configs/default.py's preset ``name`` changes in ``base``."""
-    import copy
-
-    changed = copy.deepcopy(base)
-    default.PRESETS[name](changed)
-
-    def diff(new, old, prefix):
-        out = {}
-        for key in new:
-            if isinstance(new[key], ml_collections.ConfigDict):
-                out.update(diff(new[key], old[key], f"{prefix}.{key}"))
-            elif new[key] != old[key]:
-                out[f"{prefix}.{key}"] = new[key]
-        return out
-
-    return diff(changed.model, base.model, "model")
+    """The dotted model.* fields that configs/default.py's preset ``name`` sets in ``base``."""
+    return {k: v for k, v in default.PRESETS[name](base).items() if k.startswith("model.")}
 
 
 def attention_variants(base) -> dict:
@@ -351,6 +339,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                                  "model.position.learned.max_length": 128}})
         c.grid = _grid(positions=("nope", "sinusoidal", "learned", "rope", "alibi", "t5"), seeds=(0, 1, 2),
                        vmap_seeds=True)
+    elif arg == "smoke":  # the engine's tests: seconds per run on 2 cores
+        c.base = default.get_config("tiny")
+        c.base.task.train_length = 8
+        c.base.train.update(steps=8, log_every=4, checkpoint_every=4)
+        c.base.eval.update(lengths=(8, 16), batch_size=8)
+        c.grid = _grid(positions=("rope", "alibi"), seeds=(0, 1), vmap_seeds=True)
     elif arg == "full":
         from posenc.model import ENCODINGS
 
@@ -408,5 +402,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif arg in ("interaction", "interaction_quick"):
         _interaction(c, quick=arg == "interaction_quick")
     else:
-        raise ValueError(f"unknown configs/compare.py argument {arg!r}; choose one of: {', '.join(ARGS)}")
+        raise unknown_argument("configs/compare.py", arg, ARGS)
     return c

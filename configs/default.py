@@ -50,133 +50,77 @@ from __future__ import annotations
 import ml_collections
 
 from posenc import registry, tasks
-from posenc.model import ENCODINGS, model_config
-from posenc.training.overrides import fields
-
-
-def _base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.task = ml_collections.ConfigDict(dict(
-        name="copy",
-        train_length=32,
-        min_size=0,  # 0: 1 (smallest problem); training sizes are uniform in [min_size, max_size(L)]
-        seed=0,  # folded into the data keys (a different data stream, same model init)
-        options=ml_collections.ConfigDict(),  # keyword options of posenc.tasks.make
-    ))
-    c.model = model_config()
-    c.train = ml_collections.ConfigDict(dict(
-        steps=5000,
-        batch_size=32,
-        learning_rate=1e-3,
-        warmup_steps=200,
-        min_lr_ratio=0.1,  # cosine decays to learning_rate * min_lr_ratio
-        weight_decay=0.1,  # on matrices only
-        clip_norm=1.0,  # global-norm clipping; 0 = off
-        b1=0.9,
-        b2=0.98,
-        eps=1e-9,
-        z_loss=0.0,  # PaLM z-loss weight (1e-4 typical); 0 = off
-        seed=0,  # model init and data keys
-        fit_accuracy=0.0,  # > 0: stop once validation accuracy at the training length reaches it
-        fit_check_every=250,  # steps between fit checks (with fit_accuracy > 0)
-        log_every=250,
-        checkpoint_every=1000,
-        keep_checkpoints=2,
-        tensorboard=False,  # event files in WORKDIR/tensorboard (needs tensorboardX)
-        progress=True,  # progress bar on stderr
-    ))
-    c.eval = ml_collections.ConfigDict(dict(
-        lengths=(32, 64, 128, 256),
-        batch_size=32,
-        num_batches=4,
-        seed=1234,
-        position_buckets=8,  # text: loss over 8 position ranges per length
-        max_tokens_per_step=16384,  # evaluation memory bound: rows per forward * length (0 = off)
-    ))
-    # name -> {dotted model.* field: value}: the trained parameters evaluated with these
-    # fields changed, e.g. {"yarn4": {"model.position.rope.scaling": "yarn",
-    # "model.position.rope.factor": 4.0}} (zero-shot context extension)
-    c.eval.variants = fields({})
-    c.mesh = ml_collections.ConfigDict(dict(
-        data=-1,  # data-parallel devices; -1: all (every process's); batch sizes must divide by it
-        fsdp=False,  # True: shard each parameter and its Adam moments over the devices (FSDP)
-    ))
-    return c
+from posenc.config import overrides
+from posenc.config.schema import unknown_argument
+from posenc.model import ENCODINGS
+from posenc.training.overrides import fields  # noqa: F401  (configs/*.py build variants with it)
+from posenc.training.schema import Run, run_config
 
 
 def _local_size(c) -> int:
     return max(int(c.task.train_length) // 2, 1)
 
 
-def _gemma3(c) -> None:
-    m = c.model
-    m.position.kind = "rope"
-    m.num_layers = 6
-    m.update(attention_span="window", attention_window=_local_size(c), global_every=6)
-    m.norm.qk_norm = "rms"
+def _gemma3(c) -> dict:
+    return {"model.position.kind": "rope", "model.num_layers": 6, "model.attention_span": "window",
+            "model.attention_window": _local_size(c), "model.global_every": 6, "model.norm.qk_norm": "rms"}
 
 
-def _swan(c) -> None:
-    m = c.model
-    m.position.kind = "irope"
-    m.position.irope.nope_every = 4
-    m.num_layers = 4
-    m.update(attention_span="window", attention_window=_local_size(c), global_every=4)
-    m.logit_scale.update(kind="logn", layers="nope")
+def _swan(c) -> dict:
+    return {"model.position.kind": "irope", "model.position.irope.nope_every": 4, "model.num_layers": 4,
+            "model.attention_span": "window", "model.attention_window": _local_size(c),
+            "model.global_every": 4, "model.logit_scale.kind": "logn", "model.logit_scale.layers": "nope"}
 
 
-def _llama4(c) -> None:
-    m = c.model
-    m.position.kind = "irope"
-    m.position.irope.nope_every = 4
-    m.num_layers = 4
+def _llama4(c) -> dict:
     chunk = _local_size(c)
-    m.update(attention_span="chunk", attention_chunk=chunk, global_every=4)
-    m.norm.update(qk_norm="rms", qk_norm_layers="positional")
-    m.logit_scale.update(kind="temperature", layers="nope", floor_scale=float(chunk))
+    return {"model.position.kind": "irope", "model.position.irope.nope_every": 4, "model.num_layers": 4,
+            "model.attention_span": "chunk", "model.attention_chunk": chunk, "model.global_every": 4,
+            "model.norm.qk_norm": "rms", "model.norm.qk_norm_layers": "positional",
+            "model.logit_scale.kind": "temperature", "model.logit_scale.layers": "nope",
+            "model.logit_scale.floor_scale": float(chunk)}
 
 
+# preset -> the dotted fields it sets in a config (from its task length)
 PRESETS = {"gemma3": _gemma3, "swan": _swan, "llama4": _llama4}
 
+TEXT = {"task.name": "text", "task.train_length": 64, "task.options": {"max_bytes": 2_000_000},
+        "eval.lengths": (64, 128, 256, 512, 1024), "eval.num_batches": 4, "eval.batch_size": 8,
+        "train.steps": 1000}
+TINY = {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "task.train_length": 16,
+        "train.steps": 20, "train.batch_size": 8, "train.warmup_steps": 2, "train.log_every": 5,
+        "train.checkpoint_every": 10, "train.progress": False, "eval.lengths": (16, 32),
+        "eval.batch_size": 8, "eval.num_batches": 1}
 
-def _apply(c: ml_collections.ConfigDict, token: str) -> None:
+
+def word_fields(c: ml_collections.ConfigDict, token: str) -> dict:
+    """The dotted fields that the ``:ARG`` word ``token`` sets in ``c`` (the config so far)."""
+    if token == "text":
+        return TEXT
     if token in tasks.TASKS:
-        c.task.name = token
-        if token == "text":
-            c.task.train_length = 64
-            c.task.options = ml_collections.ConfigDict(dict(max_bytes=2_000_000))
-            c.eval.lengths = (64, 128, 256, 512, 1024)
-            c.eval.num_batches = 4
-            c.eval.batch_size = 8
-            c.train.steps = 1000
-    elif token in ENCODINGS:
-        c.model.position.kind = token
-    elif token in registry.PLACEMENTS:
-        c.model.norm.placement = token
-    elif token == "randomized":
-        c.model.position.randomized = True
-        c.model.position.randomized_max_position = 4 * max(c.eval.lengths)
-    elif token == "fit":
-        c.train.fit_accuracy = 0.99
-    elif token in PRESETS:
-        PRESETS[token](c)
-    elif token == "tiny":
-        c.model.d_model, c.model.num_layers, c.model.num_heads = 32, 1, 2
-        c.task.train_length = 16
-        c.train.update(steps=20, batch_size=8, warmup_steps=2, log_every=5, checkpoint_every=10,
-                       progress=False)
-        c.eval.update(lengths=(16, 32), batch_size=8, num_batches=1)
-    else:
-        allowed = [*tasks.TASKS, *ENCODINGS, *registry.PLACEMENTS, "randomized", "fit", "tiny",
-                   *PRESETS]
-        raise ValueError(f"unknown configs/default.py argument {token!r}; choose a comma-separated "
-                         f"list of: {', '.join(allowed)}")
+        return {"task.name": token}
+    if token in ENCODINGS:
+        return {"model.position.kind": token}
+    if token in registry.PLACEMENTS:
+        return {"model.norm.placement": token}
+    if token == "randomized":
+        return {"model.position.randomized": True,
+                "model.position.randomized_max_position": 4 * max(c.eval.lengths)}
+    if token == "fit":
+        return {"train.fit_accuracy": 0.99}
+    if token == "tiny":
+        return TINY
+    if token in PRESETS:
+        return PRESETS[token](c)
+    allowed = [*tasks.TASKS, *ENCODINGS, *registry.PLACEMENTS, "randomized", "fit", "tiny", *PRESETS]
+    raise unknown_argument("configs/default.py", token, allowed)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """The default config, changed by the comma-separated variant tokens of ``arg``."""
-    c = _base()
+    """The default config, changed by the comma-separated variant words of ``arg``."""
+    c = run_config()
     for token in (arg or "").split(","):
         if token.strip():
-            _apply(c, token.strip())
+            overrides.apply(c, word_fields(c, token.strip()), schema=Run,
+                            where=f"configs/default.py:{token.strip()}")
     return c

@@ -16,6 +16,7 @@ vocabulary) is scored at target lengths >= `passkey_min_length`: the two
 measures of YaRN (Peng et al. 2023), perplexity and passkey accuracy.
 
 Args:
+    smoke   a tiny base, no scaling and LongRoPE, budgets 0 and 2 (seconds; the engine's tests)
     quick   L = 128, factors 2 and 4, budgets 0, 30 and 120 steps, one seed
             (about 10 minutes on 2 CPU cores; passkey at 512).
     full    (default) L = 256, factors 2, 4 and 8, budgets 0, 50, 200 and 1000,
@@ -47,8 +48,9 @@ from __future__ import annotations
 import ml_collections
 
 from configs import default  # the repository root is on sys.path (python -m experiments...)
+from posenc.config.schema import unknown_argument
 
-ARGS = ("quick", "full")
+ARGS = ("smoke", "quick", "full")
 METHODS = ("default", "linear", "ntk", "dynamic", "yarn", "yarn_quadratic", "dynamic_yarn",
            "longrope", "llama3")
 
@@ -57,7 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The extension study ``arg`` (one of ARGS)."""
     arg = arg or "full"
     if arg not in ARGS:
-        raise ValueError(f"unknown configs/extend.py argument {arg!r}; choose one of: {', '.join(ARGS)}")
+        raise unknown_argument("configs/extend.py", arg, ARGS)
     c = ml_collections.ConfigDict()
     c.name = arg
     b = c.base = default.get_config("text")
@@ -72,7 +74,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.search = ml_collections.ConfigDict(dict(
         batch_size=4, short=False, population_size=16, parents_size=8, mutation_numbers=4,
         crossover_size=4, iterations=10))
-    if arg == "quick":
+    if arg == "smoke":  # the engine's tests: seconds per point on 2 cores
+        b.update_from_flattened_dict({"model.d_model": 16, "model.num_layers": 1, "model.num_heads": 2})
+        b.task.train_length = 16
+        b.train.update(steps=10, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=5)
+        b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
+        c.seeds = (0,)
+        c.methods = ("default", "longrope")
+        c.factors = (2,)
+        c.finetune_steps = (0, 2)
+        c.finetune.update(warmup_steps=1, log_every=2, checkpoint_every=2)
+        c.passkey_min_length = 0
+        c.search.update(batch_size=2, population_size=4, parents_size=2, mutation_numbers=2,
+                        crossover_size=2, iterations=2)
+    elif arg == "quick":
         b.task.train_length = 128
         b.train.update(steps=1500, batch_size=8, log_every=250, checkpoint_every=1500)
         b.eval.lengths = (128,)

@@ -12,6 +12,8 @@ sensitivity per variant (the paper's definition, posenc.stability.
 lr_sensitivity) and the final loss per learning rate.
 
 Args:
+    smoke   one tiny size, baseline and QK-norm at learning rates 1e-3 and 1e9 (one diverges;
+            seconds; the engine's tests)
     quick   widths 32 and 64 (2 layers), learning rates 3e-4, 3e-3, 3e-2, 3e-1,
             200 steps, one seed (about 10 minutes on 2 CPU cores).
     full    (default) widths 64, 128, 256 at 2 layers and 128 at 4 layers,
@@ -35,8 +37,9 @@ from __future__ import annotations
 import ml_collections
 
 from configs import default  # the repository root is on sys.path (python -m experiments...)
+from posenc.config.schema import unknown_argument
 
-ARGS = ("quick", "full")
+ARGS = ("smoke", "quick", "full")
 
 VARIANTS = {
     "baseline": {},
@@ -58,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The stability study ``arg`` (one of ARGS)."""
     arg = arg or "full"
     if arg not in ARGS:
-        raise ValueError(f"unknown configs/stability.py argument {arg!r}; choose one of: {', '.join(ARGS)}")
+        raise unknown_argument("configs/stability.py", arg, ARGS)
     c = ml_collections.ConfigDict()
     c.name = arg
     b = c.base = default.get_config("text")
@@ -67,7 +70,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     b.task.train_length = 64
     b.eval.update(lengths=(64,), batch_size=8, num_batches=2)
     c.variants = default.fields(VARIANTS)
-    if arg == "quick":
+    if arg == "smoke":  # the engine's tests: seconds per run on 2 cores
+        b.task.train_length = 16
+        # no clipping, so that 1e9 overflows to NaN / Inf within a few steps
+        b.train.update(steps=8, batch_size=4, warmup_steps=1, log_every=1, checkpoint_every=4,
+                       clip_norm=0.0, progress=False)
+        b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
+        c.learning_rates = (1e-3, 1e9)
+        c.variants = default.fields({"baseline": {}, "qk_norm": {"model.norm.qk_norm": "layer"}})
+        c.sizes = default.fields({"d16": _size(16, 1)})
+        c.seeds = (0,)
+    elif arg == "quick":
         b.train.update(steps=200, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=200,
                        progress=False)
         c.learning_rates = (3e-4, 3e-3, 3e-2, 3e-1)

@@ -1,350 +1,25 @@
-"""Findings of a comparison grid beyond table.md: the randomized-positions gain and PE x norm placement.
+"""Findings of a finished comparison grid (posenc.experiments.findings), and its figures for the docs.
 
-    python -m experiments.findings --workdir WORKDIR --kind randomized   # from WORKDIR/results.jsonl
+    python -m experiments.findings --workdir WORKDIR --kind randomized
     python -m experiments.findings --workdir WORKDIR --figures docs/figures --name quick
 
-``experiments.compare`` calls :func:`write` after its report, so a grid
-whose config sets ``findings`` writes these too; the command above redoes
-it from a finished grid's rows, and with ``--figures`` copies the grid's
-figures into DIR as ``findings_<name>_<file>.png``.
-
-Every score is per run: the mean over the evaluation lengths beyond the
-training length of the token accuracy (``text``: of the log-perplexity over
-all tokens, lower is better), and the same at the training length. Runs
-that did not fit (``fitted`` False) are left out and counted, as in
-table.md; runs that diverged count as diverged. Cells are the mean and the
-95% t-interval over seeds (:func:`posenc.training.report.interval`).
-With ``--include_unfitted`` (``include_unfitted=True``; ``experiments.compare
---include_unfitted`` passes it on) the unfitted runs are scored too and the
-cells say ``[k unfitted, included]``.
-
-* ``randomized`` (Ruoss et al. 2023): per task and encoding ``k``, the gain
-  = OOD accuracy of ``k_randomized`` minus that of ``k`` (seed means); per
-  encoding the mean gain over tasks with a 95% t-interval over tasks, and
-  the mean over every (task, encoding) pair: the paper's +12.0% figure.
-  Writes ``findings.md`` and ``plots/findings_randomized.png``.
-* ``interaction``: per task, encoding variant (e.g. ``rope``,
-  ``rope_qknorm``) x placement, the OOD score and the score at the training
-  length; per variant the best placement, marked clear when its interval
-  does not overlap the runner-up's; whether the best placement depends on
-  the encoding. Writes ``findings.md`` and
-  ``plots/findings_interaction_<task>.png``.
+Writes WORKDIR/findings.md and its figures from the grid's rows (a grid
+whose config sets ``findings`` writes them already); ``--figures`` copies the
+grid's main figures into DIR as ``findings_<name>_<file>.png``.
 """
 
 from __future__ import annotations
-
-import collections
-import os
-import shutil
 
 from absl import app, flags
 
 from experiments import runtime
 
-KINDS = ("", "randomized", "interaction")
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-# ------------------------------------------------------------------ scores
-def _metric(task: str) -> tuple[str, bool]:
-    """(row field, higher is better) of a task's score."""
-    return ("loss", False) if task == "text" else ("accuracy", True)
-
-
-def run_scores(rows) -> list[dict]:
-    """One dict per run: task, variant, placement, seed, fitted, diverged, ood and in-distribution score."""
-    runs = collections.defaultdict(list)
-    for r in rows:
-        if r.get("sweep") or r.get("eval_variant"):
-            continue
-        runs[(r.get("run"), r.get("config_hash"), r["seed"])].append(r)
-    out = []
-    for group in runs.values():
-        first = group[0]
-        metric, _ = _metric(first["task"])
-        ood = [r[metric] for r in group if r["eval_length"] > r["train_length"] and r.get(metric) is not None]
-        ind = [r[metric] for r in group if r["eval_length"] == r["train_length"] and r.get(metric) is not None]
-        out.append(dict(task=first["task"], variant=first.get("variant") or first["position"],
-                        placement=first.get("placement"), seed=first["seed"],
-                        fitted=first.get("fitted"), diverged=first.get("diverged_at_step") is not None,
-                        ood=sum(ood) / len(ood) if ood else None, ind=ind[0] if ind else None))
-    return out
-
-
-def _cells(scores, keys, include_unfitted: bool = False) -> dict:
-    """``{key tuple: {"ood", "ind": interval or None, "runs", "unfitted", "diverged", "included"}}`` over seeds."""
-    from posenc.training import report
-
-    groups = collections.defaultdict(list)
-    for s in scores:
-        groups[tuple(s[k] for k in keys)].append(s)
-    out = {}
-    for key, g in groups.items():
-        use = [s for s in g if (include_unfitted or s["fitted"] is not False) and not s["diverged"]]
-        out[key] = dict(ood=report.interval([s["ood"] for s in use if s["ood"] is not None]),
-                        ind=report.interval([s["ind"] for s in use if s["ind"] is not None]),
-                        runs=len(g), unfitted=sum(s["fitted"] is False for s in g),
-                        diverged=sum(s["diverged"] for s in g), included=include_unfitted)
-    return out
-
-
-def _fmt(stat, digits: int = 3) -> str:
-    if stat is None:
-        return "n/a"
-    mean, half, _ = stat
-    return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
-
-
-def _notes(cell) -> str:
-    return "".join(f" [{cell[k]} {k}{', included' if k == 'unfitted' and cell['included'] else ''}]"
-                   for k in ("unfitted", "diverged") if cell[k])
-
-
-# -------------------------------------------------------------- randomized
-def randomized_gain(rows, include_unfitted: bool = False) -> dict:
-    """``{"tasks": {task: {kind: gain}}, "per_encoding": {kind: (mean, half, n)}, "overall": ...}``.
-
-    Pairs the variants ``k`` and ``k_randomized`` of each task; a pair
-    without a score on both sides (nothing fitted) is listed in ``missing``.
-    """
-    from posenc.training import report
-
-    cells = _cells(run_scores(rows), ("task", "variant"), include_unfitted)
-    tasks = sorted({t for t, _ in cells})
-    kinds = sorted({v[: -len("_randomized")] for _, v in cells if v.endswith("_randomized")})
-    gains, missing = {}, []
-    for task in tasks:
-        for k in kinds:
-            plain, rand = cells.get((task, k)), cells.get((task, f"{k}_randomized"))
-            if plain is None or rand is None:
-                continue
-            if plain["ood"] is None or rand["ood"] is None:
-                missing.append((task, k))
-                continue
-            gains.setdefault(task, {})[k] = rand["ood"][0] - plain["ood"][0]
-    per = {k: report.interval([g[k] for g in gains.values() if k in g]) for k in kinds}
-    overall = report.interval([v for g in gains.values() for v in g.values()])
-    return {"tasks": gains, "per_encoding": per, "overall": overall, "missing": missing, "cells": cells}
-
-
-def randomized_markdown(rows, include_unfitted: bool = False) -> str:
-    res = randomized_gain(rows, include_unfitted)
-    kinds = sorted(res["per_encoding"])
-    lines = ["## Randomized positions: gain in accuracy beyond the training length", "",
-             "Gain = mean OOD accuracy (over seeds; each run's accuracy averaged over the lengths beyond "
-             "training) with `model.position.randomized` minus without. Per encoding: mean over tasks "
-             "± 95% t-interval over tasks. Ruoss et al. 2023 report +12.0% on average. "
-             + ("Every run is scored, fitted or not (--include_unfitted)." if include_unfitted
-                else "Only runs that fitted the training length are scored."), "",
-             "| task | " + " | ".join(f"{k}: plain → randomized (gain)" for k in kinds) + " |",
-             "|" + "---|" * (len(kinds) + 1)]
-    for task in sorted({t for t, _ in res["cells"]}):
-        cells = []
-        for k in kinds:
-            plain, rand = res["cells"].get((task, k)), res["cells"].get((task, f"{k}_randomized"))
-            if plain is None or rand is None:
-                cells.append("")
-                continue
-            gain = res["tasks"].get(task, {}).get(k)
-            cells.append(f"{_fmt(plain['ood'], 2)}{_notes(plain)} → {_fmt(rand['ood'], 2)}{_notes(rand)}"
-                         + ("" if gain is None else f" (**{gain:+.3f}**)"))
-        lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    lines.append("| **mean gain over tasks** | " + " | ".join(
-        f"{_fmt(res['per_encoding'][k])} ({res['per_encoding'][k][2] if res['per_encoding'][k] else 0} tasks)"
-        for k in kinds) + " |")
-    lines += ["", f"Mean gain over every (task, encoding) pair: {_fmt(res['overall'])}"
-              + (f" ({res['overall'][2]} pairs)" if res["overall"] else "") + "."]
-    if res["missing"]:
-        lines.append("Pairs without a fitted run on one side (left out): "
-                     + ", ".join(f"{t}/{k}" for t, k in res["missing"]) + ".")
-    return "\n".join(lines) + "\n"
-
-
-def plot_randomized(rows, path: str, include_unfitted: bool = False) -> str | None:
-    from posenc.training import plots
-
-    res = randomized_gain(rows, include_unfitted)
-    kinds = [k for k in sorted(res["per_encoding"]) if res["per_encoding"][k]]
-    if not kinds:
-        return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(kinds), 4.0))
-    for i, k in enumerate(kinds):
-        mean, half, _ = res["per_encoding"][k]
-        ax.bar(i, mean, yerr=0 if half is None else half, capsize=4, color=f"C{i}", alpha=0.7)
-        per_task = [g[k] for g in res["tasks"].values() if k in g]
-        ax.scatter([i] * len(per_task), per_task, color="black", s=10, zorder=3)
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.axhline(0.12, color="gray", linestyle="--", linewidth=1, label="Ruoss et al. 2023: +0.120 mean")
-    ax.set_xticks(range(len(kinds)), kinds)
-    ax.set_ylabel("OOD accuracy gain (randomized - plain)")
-    ax.set_title("randomized positions: mean gain over tasks (95% t-interval; dots: tasks)\n"
-                 + ("every run, fitted or not" if include_unfitted else "runs that fitted the training length"),
-                 fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    plots.save(fig, path)
-    plt.close(fig)
-    return path
-
-
-# ------------------------------------------------------------- interaction
-def best_placements(rows, include_unfitted: bool = False) -> dict:
-    """``{task: {variant: {"best", "clear", "cells": {placement: cell}}}}`` (OOD score)."""
-    cells = _cells(run_scores(rows), ("task", "variant", "placement"), include_unfitted)
-    out = {}
-    for (task, variant, placement), cell in cells.items():
-        out.setdefault(task, {}).setdefault(variant, {"cells": {}})["cells"][placement] = cell
-    for task, variants in out.items():
-        _, higher = _metric(task)
-        for v in variants.values():
-            ranked = sorted(((c["ood"], p) for p, c in v["cells"].items() if c["ood"] is not None),
-                            key=lambda sp: sp[0][0], reverse=higher)
-            v["best"] = ranked[0][1] if ranked else None
-            clear = False
-            if len(ranked) >= 2 and ranked[0][0][1] is not None and ranked[1][0][1] is not None:
-                (m0, h0, _), (m1, h1, _) = ranked[0][0], ranked[1][0]
-                clear = abs(m0 - m1) > h0 + h1
-            v["clear"] = clear
-    return out
-
-
-def interaction_markdown(rows, include_unfitted: bool = False) -> str:
-    res = best_placements(rows, include_unfitted)
-    lines = ["## Position encoding x norm placement", ""]
-    for task in sorted(res):
-        metric, higher = _metric(task)
-        what = "token accuracy" if metric == "accuracy" else "log-perplexity (nats per token, lower is better)"
-        variants = res[task]
-        placements = sorted({p for v in variants.values() for p in v["cells"]})
-        lines += [f"### {task}", "",
-                  f"OOD {what}, averaged over the lengths beyond training, mean ± 95% t-interval over "
-                  "seeds; in brackets the same at the training length. Best placement per row in bold; "
-                  "*clear*: its interval does not overlap the runner-up's.", "",
-                  "| encoding | " + " | ".join(placements) + " | best |", "|" + "---|" * (len(placements) + 2)]
-        for name in sorted(variants):
-            v = variants[name]
-            cells = []
-            for p in placements:
-                c = v["cells"].get(p)
-                if c is None:
-                    cells.append("")
-                    continue
-                text = f"{_fmt(c['ood'])} ({_fmt(c['ind'], 2)}){_notes(c)}"
-                cells.append(f"**{text}**" if p == v["best"] else text)
-            best = "n/a" if v["best"] is None else v["best"] + (" (clear)" if v["clear"] else " (overlapping)")
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {best} |")
-        bests = {v["best"] for v in variants.values() if v["best"]}
-        clear = {n: v["best"] for n, v in variants.items() if v["clear"]}
-        if len(bests) <= 1:
-            verdict = f"the same best placement ({', '.join(bests) or 'none'}) for every encoding"
-        elif len(set(clear.values())) > 1:
-            verdict = ("the best placement depends on the encoding, with non-overlapping intervals: "
-                       + ", ".join(f"{n}: {p}" for n, p in sorted(clear.items())))
-        else:
-            verdict = ("the best placement differs between encodings ("
-                       + ", ".join(f"{n}: {v['best']}" for n, v in sorted(variants.items()) if v["best"])
-                       + "), but the intervals overlap: not resolved at this number of seeds")
-        lines += ["", f"On {task}: {verdict}.", ""]
-    return "\n".join(lines)
-
-
-def plot_interaction(rows, directory: str, include_unfitted: bool = False) -> list[str]:
-    import numpy as np
-
-    from posenc.training import plots
-
-    res, paths = best_placements(rows, include_unfitted), []
-    plt = _pyplot()
-    for task, variants in sorted(res.items()):
-        metric, higher = _metric(task)
-        names = sorted(variants)
-        placements = sorted({p for v in variants.values() for p in v["cells"]})
-        values = np.full((len(names), len(placements)), np.nan)
-        texts = np.full(values.shape, "", dtype=object)
-        for i, n in enumerate(names):
-            for j, p in enumerate(placements):
-                c = variants[n]["cells"].get(p)
-                if c is not None and c["ood"] is not None:
-                    values[i, j] = c["ood"][0]
-                    texts[i, j] = _fmt(c["ood"], 2).replace(" ± ", "\n±") + ("*" if p == variants[n]["best"] else "")
-                elif c is not None:
-                    texts[i, j] = "diverged" if c["diverged"] else "not fitted" if c["unfitted"] else "n/a"
-        fig, ax = plt.subplots(figsize=(2.5 + 1.25 * len(placements), 1.4 + 0.62 * len(names)))
-        image = ax.imshow(np.ma.masked_invalid(values), aspect="auto",
-                          cmap="viridis" if higher else "viridis_r")
-        for (i, j), t in np.ndenumerate(texts):
-            ax.text(j, i, t, ha="center", va="center", fontsize=7, color="white")
-        ax.set_xticks(range(len(placements)), placements, fontsize=8)
-        ax.set_yticks(range(len(names)), names, fontsize=8)
-        label = "OOD accuracy" if higher else "OOD log-perplexity"
-        fig.colorbar(image, ax=ax, label=label)
-        ax.set_title(f"{task}: {label} per encoding x placement\n(* best per row; mean, 95% t-interval)",
-                     fontsize=9)
-        fig.tight_layout()
-        paths.append(plots.save(fig, os.path.join(directory, f"findings_interaction_{task}.png")))
-        plt.close(fig)
-    return paths
-
-
-# ------------------------------------------------------------------- files
-def write(kind: str, rows, workdir: str, include_unfitted: bool = False) -> list[str]:
-    """Write ``findings.md`` and the figures of ``kind`` (one of KINDS; "" writes nothing)."""
-    from posenc import checks
-    from posenc.training.results import atomic_write_text
-
-    checks.choice("findings", kind, KINDS)
-    if not kind:
-        return []
-    plots_dir = os.path.join(workdir, "plots")
-    os.makedirs(plots_dir, exist_ok=True)
-    md = os.path.join(workdir, "findings.md")
-    if kind == "randomized":
-        atomic_write_text(md, randomized_markdown(rows, include_unfitted))
-        fig = plot_randomized(rows, os.path.join(plots_dir, "findings_randomized.png"), include_unfitted)
-        return [md] + ([fig] if fig else [])
-    atomic_write_text(md, interaction_markdown(rows, include_unfitted))
-    return [md] + plot_interaction(rows, plots_dir, include_unfitted)
-
-
-def copy_figures(workdir: str, directory: str, name: str, plots=None) -> list[str]:
-    """Copy figures of the grid in ``workdir`` into ``directory`` as ``findings_<name>_<file>``.
-
-    ``plots``: the file names (without .png) under WORKDIR/plots to copy;
-    None: the main ones (each task's accuracy plot, the text log-perplexity
-    plot, the aggregate heat-map and the findings figures).
-    """
-    plots_dir = os.path.join(workdir, "plots")
-    os.makedirs(directory, exist_ok=True)
-    if plots is None:
-        plots = [f[:-4] for f in sorted(os.listdir(plots_dir)) if f.endswith(".png") and "_sweep_" not in f and (
-            f.endswith("_accuracy.png") or f.startswith("findings_")
-            or f in ("text_log_perplexity.png", "aggregate_heatmap.png"))]
-    out = []
-    for stem in plots:
-        source = os.path.join(plots_dir, f"{stem}.png")
-        if not os.path.exists(source):
-            raise ValueError(f"{source} does not exist; the plots of {workdir} are: "
-                             f"{', '.join(sorted(f[:-4] for f in os.listdir(plots_dir)))}")
-        target = os.path.join(directory, f"findings_{name}_{stem.removeprefix('findings_')}.png")
-        shutil.copyfile(source, target)
-        out.append(target)
-    return out
-
 
 def define_flags() -> None:
-    """The command line's flags (defined when run as a program, so importing the module defines none)."""
-    flags.DEFINE_string("workdir", None, "A comparison grid's workdir (results.jsonl).")
-    flags.DEFINE_enum("kind", "", KINDS, "Findings to write (the grid config's `findings`; '' = none).")
+    from posenc.experiments import findings
+
+    flags.DEFINE_string("workdir", None, "A comparison grid's workdir.")
+    flags.DEFINE_enum("kind", "", findings.KINDS, "Findings to write (the grid config's `findings`; '' = none).")
     flags.DEFINE_string("figures", None, "Copy the grid's main figures into this directory.")
     flags.DEFINE_string("name", None, "File name part of the copied figures (with --figures).")
     flags.DEFINE_bool("include_unfitted", False, "Score every run, not only those that fitted.")
@@ -356,16 +31,17 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from posenc.training import results
+    from posenc import experiments
+    from posenc.experiments import findings
 
     f = flags.FLAGS
-    rows = results.read_jsonl(os.path.join(f.workdir, "results.jsonl"))
-    for path in write(f.kind, rows, f.workdir, f.include_unfitted):
+    rows = experiments.load_rows(f.workdir)
+    for path in findings.write(f.kind, rows, f.workdir, f.include_unfitted):
         print(path)
     if f.figures:
         if not f.name:
             raise app.UsageError("--figures needs --name")
-        for path in copy_figures(f.workdir, f.figures, f.name, f.plots):
+        for path in findings.copy_figures(f.workdir, f.figures, f.name, f.plots):
             print(path)
 
 

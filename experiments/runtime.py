@@ -52,58 +52,70 @@ def load_plugins(names) -> None:
 
 
 def define_config_and_workdir(config_help: str, workdir_help: str) -> None:
-    """The required ``--config`` (an ml_collections config file, locked) and ``--workdir`` flags.
+    """The required ``--config FILE[:ARG]`` and ``--workdir`` flags.
 
     Called from an entry point's ``define_flags`` (when run as a program), before its own flags.
+    ``--config.<field>=<value>`` arguments are not absl flags: :func:`main` takes them out of
+    the command line and :func:`config` sets them through the one override applier.
     """
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", None, config_help, lock_config=True)
+    flags.DEFINE_string("config", None, config_help)
     flags.DEFINE_string("workdir", None, workdir_help)
     flags.mark_flags_as_required(["config", "workdir"])
+
+
+_OVERRIDES: list[tuple[str, str]] = []  # the --config.<field>=<value> arguments, in order
+
+
+def config(schema):
+    """The config of ``--config`` with every ``--config.<field>`` set (ConfigError names a bad one)."""
+    from posenc.config import cli
+
+    return cli.load(flags.FLAGS.config, _OVERRIDES, schema=schema)
 
 
 def main(fn) -> None:
     """``app.run(fn)`` for an entry point: plugins load before the config file is parsed
     (so their encodings have config sections and names), and a bad config value or
     field prints one line naming it and exits 2 instead of a traceback."""
+    from posenc.config import cli
+    from posenc.config.schema import ConfigError
+
     load_plugins(plugin_names(sys.argv))
+    try:
+        found, argv = cli.split_overrides(sys.argv)
+    except ConfigError as e:
+        _fail(e)
+    _OVERRIDES[:] = found
 
     def guarded(argv):
-        from posenc.training.setup import ConfigError
-
         try:
             return fn(argv)
         except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+            _fail(e)
 
-    app.run(guarded, flags_parser=_parse_flags)
+    app.run(guarded, argv=argv, flags_parser=_parse_flags)
+
+
+def _fail(error) -> None:
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def _parse_flags(argv):
     try:
         return flags.FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError) as e:
-        # e.g. --config.train.stepz=3: ml_collections reports an unknown field of the locked
-        # config as an AttributeError (with a "Did you mean" hint) while parsing the flag.
-        print(f"error: {_flag_error(e, argv)}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except flags.Error as e:
+        _fail(e)
 
 
-def _flag_error(e, argv) -> str:
-    import re
+def run_study(name: str, **options) -> list[dict]:
+    """Start up (distributed, compile cache), then run the study ``name`` on ``--config`` / ``--workdir``."""
+    start()
+    from posenc import experiments
+    from posenc.training import loop
 
-    text = str(e.args[0] if e.args else e)
-    if isinstance(e, flags.Error):
-        return " ".join(text.split())
-    name = re.search(r"'(\w+)\\*'", text)
-    hint = re.search(r'Did you mean "(\w+)"', text)
-    name = name.group(1) if name else text.strip()
-    flag_names = [a.split("=", 1)[0] + "." for a in argv if a.startswith("--config.")]
-    arg = next((f[:-1] for f in flag_names if f".{name}." in f), "--config")
-    return (f"{arg}: unknown config field {name!r}"
-            + (f"; did you mean {hint.group(1)!r}?" if hint else ""))
+    loop.quiet_libraries()
+    return experiments.run(name, config(experiments.study(name).schema), flags.FLAGS.workdir, **options)
 
 
 def start() -> None:

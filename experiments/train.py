@@ -38,12 +38,14 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     runtime.start()
+    from posenc.experiments.compare_report import table_markdown
     from posenc.training import loop
-    from posenc.training.report import table_markdown
+    from posenc.training.schema import Run
 
     loop.quiet_libraries()
+    config = runtime.config(Run)
     try:
-        rows = loop.run(flags.FLAGS.config, flags.FLAGS.workdir, max_steps_this_run=flags.FLAGS.max_steps_this_run)
+        rows = loop.run(config, flags.FLAGS.workdir, max_steps_this_run=flags.FLAGS.max_steps_this_run)
     except loop.NonFiniteError as e:
         logging.error("%s", e)
         raise SystemExit(1) from None

@@ -55,13 +55,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from typing import Callable
 
 import numpy as np
 
-from posenc import checks, rope_scaling
+from posenc import checks, files, rope_scaling
 
 SEEDS = ("pi", "ntk", "yarn")
 
@@ -311,10 +309,7 @@ def frequency_kwargs(config) -> dict:
 def write_json(path, config) -> None:
     """Write a factor file atomically (a temporary file, then a rename)."""
     _check_config(config)
-    directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
-        json.dump(config, f, indent=1, allow_nan=False)
-    os.replace(f.name, path)
+    files.atomic_write(path, json.dumps(config, indent=1, allow_nan=False))
 
 
 def read_json(path) -> dict:

@@ -85,3 +85,11 @@ def decode_stepwise(m, tokens, first, max_length, positions=None):
         out, cache = m.decode(tokens[:, t:t + 1], cache)
         outs.append(out)
     return jnp.concatenate(outs, axis=1), cache
+
+
+def grid_points(config, study="compare"):
+    """Every point of a study config, validated (ConfigError on a bad one): the engine's expansion."""
+    from posenc import experiments
+    from posenc.experiments import engine
+
+    return engine.expand(experiments.study(study), config)[1]

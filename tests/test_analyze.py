@@ -1,4 +1,4 @@
-"""experiments/analyze.py: attention weights, bias curves, RoPE wavelengths, per-position loss, end to end."""
+"""posenc.experiments.analyze: attention weights, bias curves, RoPE wavelengths, per-position loss, end to end."""
 
 import json
 import math
@@ -12,7 +12,7 @@ from flax import nnx
 from helpers import decoder, tokens
 
 import posenc
-from experiments import analyze
+from posenc.experiments import analyze, analyze_plots
 
 
 def _zero_queries(model):
@@ -59,7 +59,7 @@ def test_bias_curves_follow_the_t5_buckets_and_merge_a_shared_table():
     bucket = np.asarray(posenc.t5.relative_position_bucket(-d, bidirectional=False, num_buckets=32,
                                                            max_distance=128))
     np.testing.assert_allclose(np.asarray(curves[0]["curves"][63]), table[bucket].T, atol=1e-6)
-    merged = analyze._shared_layers(curves)
+    merged = analyze_plots.shared_layers(curves)
     assert len(merged) == 1 and merged[0]["layers"] == [0, 1]
 
 

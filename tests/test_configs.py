@@ -6,8 +6,6 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from posenc import rope, rope_scaling
 from posenc.model import ENCODINGS
@@ -74,21 +72,38 @@ def test_unknown_variant_names_allowed_tokens():
 
 
 def parse(argv):
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "config", flag_values=fv, lock_config=True,
-                                    sys_argv=argv)
-    fv(argv)
-    return fv.config
+    from posenc.config import cli
+    from posenc.training.schema import Run
+
+    found, rest = cli.split_overrides(argv)
+    spec = next(a.split("=", 1)[1] for a in rest if a.startswith("--config="))
+    return cli.load(spec, found, schema=Run)
 
 
-def test_lock_config_rejects_typo_on_the_command_line():
+def test_a_typo_fails_on_the_command_line_in_a_config_file_and_in_code(tmp_path):
     path = os.path.join(ROOT, "configs", "default.py")
     c = parse(["prog", f"--config={path}:tiny", "--config.train.steps=7"])
     assert c.train.steps == 7 and c.model.num_layers == 1
-    with pytest.raises(Exception, match="stepz"):
+    with pytest.raises(ConfigError, match=r"^--config.train.stepz: unknown config field 'train.stepz'; "
+                                          r"did you mean 'train.steps'\?"):
         parse(["prog", f"--config={path}", "--config.train.stepz=7"])
-    with pytest.raises(AttributeError, match="stepz"):
-        c.train.stepz = 3  # locked: new fields are typos
+    c = default.get_config("tiny")
+    c.train.stepz = 3  # a config built in code is a plain ConfigDict
+    with pytest.raises(ConfigError, match=r"unknown config field 'train.stepz'; did you mean 'train.steps'"):
+        validate_config(c)
+    for section, typo in (("eval", "lenghts"), ("task", "train_lenght"), ("mesh", "fsdpp"),
+                          ("model.norm", "plcement"), ("model.position.rope", "bse")):
+        c = default.get_config("tiny")
+        node = get(c, section)
+        node[typo] = 1
+        with pytest.raises(ConfigError, match=rf"unknown config field '{section}.{typo}'; did you mean"):
+            validate_config(c)
+    # a config file that unlocks a section and adds a field fails the same way, before any claim
+    bad = tmp_path / "bad.py"
+    bad.write_text("from configs import default\n\ndef get_config(arg=None):\n    c = default.get_config('tiny')\n"
+                   "    with c.train.unlocked():\n        c.train.stepz = 3\n    return c\n")
+    with pytest.raises(ConfigError, match="unknown config field 'train.stepz'"):
+        validate_config(parse(["prog", f"--config={bad}"]))
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -164,7 +179,8 @@ def run_cli(*args):
 @pytest.mark.parametrize("flag, message", [
     ("--config.model.position.kind=rop",
      "error: model.position.kind: unknown position kind 'rop'; choose one of: alibi, cope, fire"),
-    ("--config.train.stepz=3", "error: --config.train.stepz: unknown config field 'stepz'; did you mean 'steps'?"),
+    ("--config.train.stepz=3",
+     "error: --config.train.stepz: unknown config field 'train.stepz'; did you mean 'train.steps'?"),
 ])
 def test_a_bad_config_on_the_command_line_is_one_line_and_exit_2(tmp_path, flag, message):
     out = run_cli(f"--config={ROOT}/configs/default.py:tiny", f"--workdir={tmp_path}/w", flag,
@@ -193,18 +209,18 @@ def test_compare_other_grids_load(arg):
 
 
 def test_compare_unknown_arg():
-    with pytest.raises(ValueError, match="choose one of: quick, full, norms, scaling"):
+    with pytest.raises(ValueError, match="choose one of: quick, smoke, full, norms, scaling"):
         compare.get_config("fast")
 
 
 def test_full_grid_has_every_encoding_and_the_attention_variants():
-    from experiments import compare as compare_main
+    from helpers import grid_points
 
     c = compare.get_config("full")
     extra = {"gemma3", "swan", "llama4", "rope_window", "p_rope", "rope_ssmax", "rope_logn"}
     assert set(ENCODINGS) | extra <= set(c.grid.positions)
     assert c.variants.gemma3["model.global_every"] == 6 and c.variants.llama4["model.attention_span"] == "chunk"
     c.grid.update(tasks=("copy",), seeds=(0,))
-    points = {p.variant: p.resolved for p in compare_main.expand(c)}  # every point validates
+    points = {p.fields["variant"]: p.run for p in grid_points(c)}  # every point validates
     assert points["rope_window"].config.model.attention_window == 16
     assert points["p_rope"].spec.position.options["rope"]["scaling"] == "proportional"

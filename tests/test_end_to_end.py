@@ -118,14 +118,16 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
 
 
 def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):
-    from experiments import compare as compare_main
+    from posenc import experiments
+    from posenc.experiments import engine
+    from helpers import grid_points
 
     c = load("compare").get_config("quick")
     c.base = tiny()
     c.variants = overrides.fields({})  # the plain learned table of tiny(): 16 rows
     c.grid.positions = ("learned", "alibi")
     c.grid.seeds = (0,)
-    rows = compare_main.run_grid(c, str(tmp_path))
+    rows = experiments.run("compare", c, str(tmp_path))
     assert sorted((r["variant"], r["eval_length"]) for r in rows) == [
         ("alibi", 16), ("alibi", 32), ("learned", 16), ("learned", 32)]
     learned_long = next(r for r in rows if r["variant"] == "learned" and r["eval_length"] == 32)
@@ -140,16 +142,18 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
         raise AssertionError("a complete run was trained again")
 
     monkeypatch.setattr(step_lib, "train_step_fn", no_training)
-    again = compare_main.run_grid(c, str(tmp_path))
+    again = experiments.run("compare", c, str(tmp_path))
     assert again == rows
     assert len(results.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
 
 
 def test_grid_expansion_and_overrides():
-    from experiments import compare as compare_main
+    from posenc import experiments
+    from posenc.experiments import engine
+    from helpers import grid_points
 
     c = load("compare").get_config("scaling")
-    points = {p.variant: p.resolved for p in compare_main.expand(c) if p.resolved.config.train.seed == 0}
+    points = {p.fields["variant"]: p.run for p in grid_points(c) if p.run.config.train.seed == 0}
     rope = points["rope"]
     assert rope.config.model.position.kind == "rope"
     assert set(rope.eval_variants) == {"pi", "ntk", "dynamic_ntk", "yarn", "llama3", "dynamic_yarn",
@@ -158,17 +162,19 @@ def test_grid_expansion_and_overrides():
     assert rope.eval_variants["yarn"][1].position.options["rope"]["scaling"] == "yarn"
     assert points["rope_yarn_trained"].spec.position.options["rope"]["factor"] == 4.0
     assert points["alibi"].config.model.position.kind == "alibi" and not points["alibi"].eval_variants
-    names = [p.name for p in compare_main.expand(c)]
+    names = [p.name for p in grid_points(c)]
     assert len(names) == len(set(names)) == len(c.grid.positions) * len(c.grid.seeds)
-    # runs of one cell are grouped by their config, not by their names
-    cells = compare_main.cells(compare_main.expand(c))
-    assert [len(g) for g in cells] == [2, 2, 2]
-    with pytest.raises(ValueError, match="unknown config field 'train.stepz'; the fields of train are"):
+    # runs of one cell are grouped by their config, not by their names (vmapped when grid.vmap_seeds)
+    c.grid.vmap_seeds = True
+    cells = engine.groups(grid_points(c))
+    assert [sorted(p.run.config.train.seed for p in g) for g in cells] == [[0, 1]] * 3
+    c.grid.vmap_seeds = False
+    with pytest.raises(ValueError, match="unknown config field 'train.stepz'; did you mean 'train.steps'"):
         overrides.apply(rope.config, {"train.stepz": 3})
     c.grid.positions = ("rope", "alibi")
     c.variants = overrides.fields({"rope": {"model.position.rope.beta_fast": 3.0}})
     with pytest.raises(setup.ConfigError, match="grid point copy_rope_rms-pre_s0: model.position.rope.beta_fast"):
-        compare_main.expand(c)  # every point is validated before any run starts
+        grid_points(c)  # every point is validated before any run starts
 
 
 def test_fit_then_extrapolate_stops_when_the_training_length_is_fitted(tmp_path):

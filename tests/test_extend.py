@@ -1,7 +1,7 @@
 """Context extension: fine-tuning from a finished run, the LongRoPE search wiring, the study end to end.
 
-One tiny study (a 1-layer byte-level LM, L = 16, factor 2, methods default and
-longrope, budgets 0 and 2) runs once per module; the other tests reuse its
+One tiny study (configs/extend.py:smoke: a 1-layer byte-level LM, L = 16,
+factor 2, methods default and longrope, budgets 0 and 2) runs once per module; the other tests reuse its
 base run and fine-tunes, so most of their steps are compiled already.
 """
 
@@ -12,43 +12,35 @@ import numpy as np
 import pytest
 
 from configs import extend as extend_config
-from experiments import extend as study
-from posenc import rope_search
+from posenc import experiments, rope_search
+from posenc.experiments import engine
+from posenc.experiments import extend as study
 from posenc.model import ModelSpec
 from posenc.training import finetune, longrope, results, setup
 
 
 def tiny_config():
-    c = extend_config.get_config("quick")
-    b = c.base
-    b.task.train_length = 16
-    b.model.update(d_model=16, num_layers=1, num_heads=2)  # head_dim 8: 4 rotary pairs
-    b.train.update(steps=10, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=10)
-    b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
-    c.methods = ("default", "longrope")
-    c.factors = (2,)
-    c.finetune_steps = (0, 2)
-    c.finetune.update(warmup_steps=1, log_every=2)
-    c.passkey_min_length = 0
-    c.search.update(batch_size=2, population_size=4, parents_size=2, mutation_numbers=2,
-                    crossover_size=2, iterations=2)
-    return c
+    return extend_config.get_config("smoke")  # head_dim 8: 4 rotary pairs
 
 
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("extend"))
-    return workdir, study.run_study(tiny_config(), workdir)
+    return workdir, experiments.run("extend", tiny_config(), workdir)
+
+
+def run_dir(workdir, name):
+    return os.path.join(workdir, "runs", name)
 
 
 @pytest.mark.slow
 def test_every_method_builds_a_valid_config(tiny_study):
     workdir, _ = tiny_study
-    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
-    found = rope_search.read_json(os.path.join(workdir, "longrope", "x2_s0.json"))
+    base = finetune.load_run(run_dir(workdir, "base_s0"))
+    found = rope_search.read_json(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
     fields = {m: study.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
     assert set(extend_config.METHODS) == set(study.METHODS)
-    zero = setup.resolve(study.zero_shot_config(base, fields, 64))
+    zero = setup.resolve(study.zero_shot_config(base.resolved.config, fields, 64))
     assert set(zero.eval_variants) == set(study.METHODS) - {"default"}
     options = {m: s.position.options["rope"] for m, (_, s) in zero.eval_variants.items()}
     assert options["yarn"]["temperature"] == "paper"
@@ -56,7 +48,7 @@ def test_every_method_builds_a_valid_config(tiny_study):
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
     assert all(o["original_length"] == 16 for m, o in options.items() if m not in ("linear", "ntk"))
     for m in ("dynamic_yarn", "llama3", "longrope"):  # fine-tunes at 64 keep L = 16 as the original
-        ft = setup.resolve(study.finetune_config(tiny_config(), base, fields[m], 64, 5))
+        ft = setup.resolve(study.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
         assert ft.config.task.train_length == 64 and ft.config.train.batch_size == 1  # 4 * 16 / 64
         assert ft.spec.position.options["rope"]["original_length"] == 16
 
@@ -80,12 +72,12 @@ def test_study_rows_table_and_plots(tiny_study):
     for name in ("extend_loss_vs_length.png", "extend_loss_vs_tokens.png"):
         assert os.path.getsize(os.path.join(workdir, "plots", name)) > 1000
     # the zero-shot default method at L is the base model itself
-    base_rows = results.read_jsonl(os.path.join(workdir, "base", "s0", "results.jsonl"))
+    base_rows = results.read_jsonl(os.path.join(run_dir(workdir, "base_s0"), "results.jsonl"))
     zero = next(r for r in rows if r["method"] == "default" and not r["finetune_steps"]
                 and r["eval_length"] == 16)
     assert zero["loss"] == pytest.approx(base_rows[0]["loss"], rel=1e-6)
     # a rerun trains nothing and returns the same rows
-    assert study.run_study(tiny_config(), workdir) == rows
+    assert experiments.run("extend", tiny_config(), workdir) == rows
 
 
 def _final_params(run_dir):
@@ -96,10 +88,10 @@ def _final_params(run_dir):
 def continued(tiny_study, tmp_path_factory):
     """The default method with budgets 2 and 4 on the tiny study's base run (``base_run``)."""
     c = tiny_config()
-    c.base_run = os.path.join(tiny_study[0], "base", "s0")
+    c.base_run = run_dir(tiny_study[0], "base_s0")
     c.methods, c.finetune_steps = ("default",), (2, 4)
     workdir = str(tmp_path_factory.mktemp("continued"))
-    rows = study.run_study(c, workdir)
+    rows = experiments.run("extend", c, workdir)
     return workdir, c.base_run, [r for r in rows if r["finetune_steps"] == 4]
 
 
@@ -107,7 +99,7 @@ def continued(tiny_study, tmp_path_factory):
 def test_a_continued_budget_equals_fine_tuning_it_from_the_base(continued, tmp_path):
     workdir, base_run, rows = continued
     base = finetune.load_run(base_run)
-    chained = os.path.join(workdir, "finetune", "default_x2_s0_n4")
+    chained = os.path.join(run_dir(workdir, "finetune_default_x2_s0"), "n4")
     config = finetune.load_run(chained).resolved
     direct = finetune.finetune(base, config, str(tmp_path / "direct"))
     a, b = _final_params(chained), _final_params(str(tmp_path / "direct"))
@@ -121,8 +113,8 @@ def test_a_continued_budget_equals_fine_tuning_it_from_the_base(continued, tmp_p
 @pytest.mark.slow
 def test_continuing_needs_a_constant_learning_rate(continued):
     workdir = continued[0]
-    shorter = finetune.load_run(os.path.join(workdir, "finetune", "default_x2_s0_n2")).resolved
-    longer = finetune.load_run(os.path.join(workdir, "finetune", "default_x2_s0_n4")).resolved
+    shorter = finetune.load_run(os.path.join(run_dir(workdir, "finetune_default_x2_s0"), "n2")).resolved
+    longer = finetune.load_run(os.path.join(run_dir(workdir, "finetune_default_x2_s0"), "n4")).resolved
     finetune.check_continuable(shorter, longer)
     cosine = [setup.plain_copy(r.config) for r in (shorter, longer)]
     for c in cosine:
@@ -138,7 +130,7 @@ def test_continuing_needs_a_constant_learning_rate(continued):
 @pytest.mark.slow
 def test_fine_tune_config_must_take_the_base_parameters(tiny_study, tmp_path):
     workdir, _ = tiny_study
-    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    base = finetune.load_run(run_dir(workdir, "base_s0"))
     c = setup.plain_copy(base.resolved.config)
     c.model.d_model = 32
     with pytest.raises(setup.ConfigError, match=r"\['wk'\].* is \(16, 2, 8\) in the base run and "
@@ -151,7 +143,7 @@ def test_fine_tune_config_must_take_the_base_parameters(tiny_study, tmp_path):
 @pytest.mark.slow
 def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
     workdir, _ = tiny_study
-    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    base = finetune.load_run(run_dir(workdir, "base_s0"))
     model = finetune.model_with(base.params, base.resolved.spec)
     fitness = longrope.perplexity_fitness(model, base.resolved.task, 32, factor=2.0, original_length=16,
                                           batch_size=2, seed=0)
@@ -167,7 +159,7 @@ def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
     assert fitness(lam) == pytest.approx(float(np.exp(loss)), rel=1e-5)
     assert fitness(np.ones(4)) != pytest.approx(fitness(lam), rel=1e-4)
 
-    found = rope_search.read_json(os.path.join(workdir, "longrope", "x2_s0.json"))
+    found = rope_search.read_json(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
     long = np.asarray(found["long_factor"])
     assert np.all(np.diff(long) >= 0) and np.all(long >= 1.0) and np.all(long <= 2.5)
     assert found["short_factor"] == [1.0] * 4 and found["search"]["short"] is None
@@ -185,7 +177,7 @@ def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
 @pytest.mark.slow
 def test_passkey_on_a_text_model(tiny_study):
     workdir, _ = tiny_study
-    base = finetune.load_run(os.path.join(workdir, "base", "s0"))
+    base = finetune.load_run(run_dir(workdir, "base_s0"))
     (row,) = finetune.evaluate_on(base.params, base.resolved, "passkey", [260],
                                   eval_fields=dict(batch_size=2, num_batches=1))
     assert row["task"] == "passkey" and row["eval_length"] == 260
@@ -197,13 +189,14 @@ def test_passkey_on_a_text_model(tiny_study):
 def test_config_args():
     for arg in extend_config.ARGS:
         c = extend_config.get_config(arg)
-        study.check(c)
-        assert set(c.methods) == set(study.METHODS)
+        engine.expand(experiments.study("extend"), c)
+        if arg != "smoke":
+            assert set(c.methods) == set(study.METHODS)
         assert c.finetune.min_lr_ratio == 1.0  # budgets continue each other
         setup.resolve(c.base)
     c = extend_config.get_config("quick")
     c.methods = ("yarn", "pi")
     with pytest.raises(setup.ConfigError, match="methods entry"):
-        study.check(c)
+        engine.validate(experiments.study("extend"), c)
     with pytest.raises(ValueError, match="unknown configs/extend.py argument"):
         extend_config.get_config("tiny")

@@ -1,12 +1,12 @@
-"""The findings grids of configs/compare.py (quick, lm, randomized, interaction) and experiments/findings.py."""
+"""The findings grids of configs/compare.py (quick, lm, randomized, interaction) and posenc.experiments.findings."""
 
 import os
 
 import pytest
 
 from configs import compare
-from experiments import compare as compare_main
-from experiments import findings
+from posenc.experiments import engine, findings
+from helpers import grid_points
 from posenc import placements, tasks
 from posenc.model import ENCODINGS
 
@@ -14,7 +14,7 @@ from posenc.model import ENCODINGS
 def _points(arg, **grid):
     c = compare.get_config(arg)
     c.grid.update(grid)
-    return c, compare_main.expand(c)  # every point validated (ConfigError on a bad one)
+    return c, grid_points(c)  # every point validated (ConfigError on a bad one)
 
 
 def test_quick_fits_then_extrapolates_six_encodings_to_8x_with_3_seeds():
@@ -25,9 +25,9 @@ def test_quick_fits_then_extrapolates_six_encodings_to_8x_with_3_seeds():
     L = b.task.train_length
     assert tuple(b.eval.lengths) == (L, 2 * L, 4 * L, 8 * L)
     assert b.train.fit_accuracy == 0.99 and b.train.steps >= 10 * b.train.fit_check_every
-    learned = next(p for p in points if p.variant == "learned")
-    assert learned.resolved.config.model.position.learned.max_length == 8 * L  # rows to 8x, not n/a
-    assert len(compare_main.cells(points)) == len(c.grid.positions)
+    learned = next(p for p in points if p.fields["variant"] == "learned")
+    assert learned.run.config.model.position.learned.max_length == 8 * L  # rows to 8x, not n/a
+    assert len(engine.groups(points)) == len(c.grid.positions)
 
 
 @pytest.mark.parametrize("arg", ["lm", "lm_quick"])
@@ -37,19 +37,19 @@ def test_lm_grids_train_text_at_L_and_evaluate_to_16L(arg):
     assert {"sinusoidal", "rope", "alibi", "t5", "kerple_log", "fire", "nope"} <= set(c.grid.positions)
     L = c.base.task.train_length
     assert tuple(c.base.eval.lengths) == tuple(f * L for f in (1, 2, 4, 8, 16))
-    assert all(p.resolved.config.task.name == "text" for p in points)
+    assert all(p.run.config.task.name == "text" for p in points)
 
 
 def test_randomized_quick_pairs_every_encoding_with_its_randomized_variant():
     c, points = _points("randomized_quick")
     assert c.findings == "randomized"
-    kinds = {p.variant for p in points if not p.variant.endswith("_randomized")}
-    assert {p.variant for p in points} == kinds | {f"{k}_randomized" for k in kinds}
+    kinds = {p.fields["variant"] for p in points if not p.fields["variant"].endswith("_randomized")}
+    assert {p.fields["variant"] for p in points} == kinds | {f"{k}_randomized" for k in kinds}
     for p in points:
-        pos = p.resolved.config.model.position
-        assert pos.randomized == p.variant.endswith("_randomized")
+        pos = p.run.config.model.position
+        assert pos.randomized == p.fields["variant"].endswith("_randomized")
         if pos.kind == "learned":  # the table holds every position the run can see
-            need = pos.randomized_max_position if pos.randomized else max(p.resolved.config.eval.lengths)
+            need = pos.randomized_max_position if pos.randomized else max(p.run.config.eval.lengths)
             assert pos.learned.max_length >= need
     levels = {tasks.spec(t)["level"] for t in c.grid.tasks}
     assert "copy" in c.grid.tasks and {"DCF", "CS"} <= levels
@@ -70,7 +70,7 @@ def test_randomized_full_covers_every_chomsky_task_and_every_encoding_but_nope()
     assert set(c.grid.positions) == {k + s for k in ENCODINGS if k != "nope" for s in ("", "_randomized")}
     # validate one point per encoding variant on the longest task lengths (the full grid has ~2000)
     c.grid.update(tasks=(c.grid.tasks[-1],), seeds=(0,))
-    assert len(compare_main.expand(c)) == len(c.grid.positions)
+    assert len(grid_points(c)) == len(c.grid.positions)
 
 
 @pytest.mark.parametrize("arg", ["interaction", "interaction_quick"])
@@ -88,9 +88,9 @@ def test_interaction_grids(arg):
     mix = c.variants["mixln"]["model.norm.mixln_fraction"]
     assert 1 <= placements.num_post_layers(c.base.model.num_layers, mixln_fraction=mix) < c.base.model.num_layers
     c.grid.update(seeds=(0,))
-    points = compare_main.expand(c)
-    text = [p for p in points if p.resolved.config.task.name == "text"]
-    assert text and all(p.resolved.config.train.fit_accuracy == 0 for p in text)  # LM: a fixed budget
+    points = grid_points(c)
+    text = [p for p in points if p.run.config.task.name == "text"]
+    assert text and all(p.run.config.train.fit_accuracy == 0 for p in text)  # LM: a fixed budget
 
 
 # ---------------------------------------------------------------- findings

@@ -160,14 +160,16 @@ def test_configs_must_differ_only_in_seed(tmp_path):
 
 
 def test_compare_grid_trains_seeds_together(tmp_path, separate):
-    from experiments import compare as compare_main
+    from posenc import experiments
+    from posenc.experiments import engine
+    from helpers import grid_points
 
     c = load("compare").get_config("quick")
     c.base = config(0)
     c.grid.update(positions=("rope",), seeds=(0, 1), vmap_seeds=True)
-    points = compare_main.expand(c)
-    assert compare_main.cells(points) == [[0, 1]]
-    rows = compare_main.run_grid(c, str(tmp_path))
+    points = grid_points(c)
+    assert [[p.name for p in g] for g in engine.groups(points)] == [[points[0].name, points[1].name]]
+    rows = experiments.run("compare", c, str(tmp_path))
     assert [(r["run"], r["seeds_trained_together"]) for r in rows] == [
         ("copy_rope_rms-pre_s0", 2), ("copy_rope_rms-pre_s1", 2)]
     for r, s in zip(rows, (0, 1)):
@@ -175,4 +177,4 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
     assert results.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
     full = load("compare").get_config("full")
     assert full.grid.vmap_seeds is False  # the default: one by one
-    assert not compare_main.vmap_seeds(full, points[0].resolved)
+    assert all(p.group is None for p in grid_points(full)[:4])

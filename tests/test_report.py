@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from posenc.training import plots, report
+from posenc.experiments import compare
+from posenc.experiments import compare_plots as plots
+from posenc.experiments import compare_report as report
 
 # Two-sided 95% Student t quantiles t_{0.975, df} (any statistics table).
 T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 29: 2.0452, 120: 1.9799}
@@ -118,14 +120,14 @@ def test_sweep_rows_get_their_own_table_and_plot(tmp_path):
     sweeps = report.summarize_sweeps(base + sweep)["passkey"]["depth"]["rope"]
     assert list(sweeps) == [0.0, 1.0] and sweeps[1.0][1024]["accuracy"][0] == pytest.approx(0.8)
     assert report.aggregate(base + sweep)["passkey"]["rope"]["stat"][0] == pytest.approx(0.5)  # no sweep rows
-    paths = report.write_plots(base + sweep, str(tmp_path))
+    paths = plots.write_plots(base + sweep, str(tmp_path))
     assert "passkey_sweep_depth.png" in {os.path.basename(p) for p in paths}
 
 
 def test_report_files_heatmap_and_atomic_plot_writes(tmp_path, monkeypatch):
     rows = (runs(accs=[(1.0, 0.6, 0.4), (1.0, 0.8, 0.2)], fitted=[True, False])
             + runs(task="duplicate_string", position="alibi", accs=[(1.0, 0.9, 0.7)]))
-    paths = report.write_report(rows, str(tmp_path))
+    paths = compare.write_report(rows, str(tmp_path))
     names = {os.path.relpath(p, tmp_path) for p in paths}
     assert {"table.md", "aggregate.md", "plots/aggregate_heatmap.png", "plots/parity_accuracy.png"} <= names
     for p in paths:
@@ -155,7 +157,7 @@ def test_report_files_heatmap_and_atomic_plot_writes(tmp_path, monkeypatch):
 def test_task_suite_grids_expand_and_validate():
     import importlib.util
 
-    from experiments import compare as compare_main
+    from helpers import grid_points
     from posenc import tasks
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,9 +171,9 @@ def test_task_suite_grids_expand_and_validate():
         c = configs.get_config(arg)
         seeds = len(c.grid.seeds)
         c.grid.seeds = c.grid.seeds[:1]  # every point validated; the other seeds differ only in train.seed
-        points = compare_main.expand(c)
+        points = grid_points(c)
         assert len(points) == len(c.grid.tasks) * len(c.grid.positions)
-        grids[arg] = {(p.resolved.config.task.name, p.variant): p.resolved for p in points}
+        grids[arg] = {(p.run.config.task.name, p.fields["variant"]): p.run for p in points}
         if arg.endswith("quick"):
             assert seeds * len(points) <= 18 and c.base.train.steps <= 1500
         for r in grids[arg].values():

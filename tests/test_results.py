@@ -8,7 +8,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from posenc.training import report, results
+from posenc.experiments import compare_plots
+from posenc.experiments import compare_report as report
+from posenc.training import results
 
 
 def row(**kw):
@@ -111,7 +113,7 @@ def test_text_table_has_both_measures_and_plots_are_written(tmp_path):
     half = 12.7062047 * float(np.std([0.0, 0.1], ddof=1)) / np.sqrt(2)
     assert f"| rope | {2.05:.3f} ± {half:.3f} (ppl 7.39) | {3.05:.3f} ± {half:.3f} (ppl 20.09) |" in md
     assert f"| rope | 1.550 ± {half:.3f} (ppl 4.50) | 1.550 ± {half:.3f} (ppl 4.50) |" in md
-    paths = report.write_plots(rows + [row()], str(tmp_path))
+    paths = compare_plots.write_plots(rows + [row()], str(tmp_path))
     names = sorted(os.path.basename(p) for p in paths)
     assert names == ["copy_accuracy.png", "copy_exact_match.png", "copy_loss.png", "text_log_perplexity.png"]
     for p in paths:

@@ -1,4 +1,4 @@
-"""experiments.stability: the LR-sensitivity definition, a tiny grid end to end, divergence logs."""
+"""The stability study: the LR-sensitivity definition, a tiny grid end to end, divergence logs."""
 
 import math
 import os
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from configs import stability as stability_config
-from experiments import stability as study
-from experiments import stability_report
-from posenc import stability
-from posenc.training import loop, overrides, results
+from posenc import experiments, files, stability
+from posenc.experiments import engine, stability_report
+from posenc.experiments import stability as study
+from posenc.training import loop, results
 
 
 def paper_lr_sensitivity(final_losses, initial_loss):
@@ -44,7 +44,7 @@ def test_lr_sensitivity_is_the_papers_definition():
 
 
 def test_configs_validate():
-    for arg in stability_config.ARGS:
+    for arg in ("quick", "full"):
         c = stability_config.get_config(arg)
         assert {"baseline", "qk_norm", "z_loss", "qk_norm_z_loss", "post_ln", "sandwich", "deepnorm",
                 "softcap"} <= set(c.variants)
@@ -53,29 +53,20 @@ def test_configs_validate():
         assert lrs[0] == pytest.approx(3e-4) and lrs[-1] == pytest.approx(3e-1)
         assert np.ptp(np.diff(np.log10(lrs))) < 0.1  # log-spaced (3e-4, 1e-3, 3e-3, ...: half-decades)
         c.learning_rates, c.seeds = (lrs[-1],), (0,)
-        points = study.expand(c)  # every variant at every size validates
+        _, points = engine.expand(experiments.study("stability"), c)  # every variant at every size validates
         assert len(points) == len({p.name for p in points}) == len(c.sizes) * len(c.variants)
     with pytest.raises(ValueError, match="unknown configs/stability.py argument"):
         stability_config.get_config("fast")
 
 
 def tiny_config():
-    c = stability_config.get_config("quick")
-    c.base.task.train_length = 16
-    # no clipping, so that 1e9 overflows to NaN / Inf within a few steps
-    c.base.train.update(steps=8, batch_size=4, warmup_steps=1, log_every=1, checkpoint_every=8,
-                        clip_norm=0.0)
-    c.base.eval.update(lengths=(16,), batch_size=4, num_batches=1)
-    c.learning_rates = (1e-3, 1e9)
-    c.variants = overrides.fields({"baseline": {}, "qk_norm": {"model.norm.qk_norm": "layer"}})
-    c.sizes = overrides.fields({"d16": {"model.d_model": 16, "model.num_layers": 1}})
-    return c
+    return stability_config.get_config("smoke")
 
 
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("stability"))
-    return workdir, study.run_study(tiny_config(), workdir)
+    return workdir, experiments.run("stability", tiny_config(), workdir)
 
 
 @pytest.mark.slow
@@ -97,10 +88,11 @@ def test_tiny_grid_rows_table_and_plots(tiny_study):
     for v in ("baseline", "qk_norm"):
         assert by[(v, 1e-3)]["initial_loss"] == by[(v, 1e9)]["initial_loss"]
     # ... and it is the eval loss of the untrained model.
-    p = next(p for p in study.expand(tiny_config()) if p.variant == "baseline")
+    p = next(p for p in engine.expand(experiments.study("stability"), tiny_config())[1]
+             if p.fields["variant"] == "baseline")
     from posenc.training import evaluate
-    model = loop.init_state(p.resolved)[0]
-    r = p.resolved
+    model = loop.init_state(p.run)[0]
+    r = p.run
     assert evaluate.evaluate_length(model, r.task, r.config, r.spec, 16)["loss"] == pytest.approx(
         by[("baseline", 1e-3)]["initial_loss"], rel=1e-6)
     assert by[("qk_norm", 1e9)]["diverged_at_step"] and by[("qk_norm", 1e9)]["final_loss"] is None
@@ -122,7 +114,7 @@ def test_rerun_reads_every_run(tiny_study):
     workdir, rows = tiny_study
     logs = {n: os.path.getmtime(os.path.join(workdir, "runs", n, "results.jsonl"))
             for n in os.listdir(os.path.join(workdir, "runs"))}
-    assert study.run_study(tiny_config(), workdir) == rows
+    assert experiments.run("stability", tiny_config(), workdir) == rows
     assert logs == {n: os.path.getmtime(os.path.join(workdir, "runs", n, "results.jsonl")) for n in logs}
 
 
@@ -131,7 +123,7 @@ def test_a_nan_divergence_keeps_its_train_log(tiny_study):
     workdir, rows = tiny_study
     row = next(r for r in rows if r["variant"] == "baseline" and r["learning_rate"] == 1e9)
     assert row["diverged"] and row["loss"] is None and row["diverged_at_step"] is not None
-    log = study.train_log(os.path.join(workdir, "runs", row["run"]))
+    log = files.read_jsonl(os.path.join(workdir, "runs", row["run"], "train_log.jsonl"))
     assert log and all(r["step"] < row["diverged_at_step"] for r in log)
     assert row["max_attention_logit_max"] == max(r["max_attention_logit"] for r in log)
 

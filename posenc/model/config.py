@@ -1,107 +1,161 @@
-"""The model section of every config, built from the registered units.
+"""The model section of every config, declared once (:mod:`posenc.config.schema`).
 
-``model_config()`` gives ``config.model`` with small CPU-friendly defaults:
-model-wide fields, ``model.norm`` and ``model.position``, where every
-registered encoding with options has its own section
-``model.position.<name>`` (e.g. ``model.position.t5.num_buckets``), taken
-from the unit's ``Option`` declarations. Configs in ``configs/`` start from it
-and override fields; ``--config.model.<field>=...`` overrides them on the
-command line. :class:`posenc.model.spec.ModelSpec` validates it.
+:class:`Model` declares every field of ``config.model`` with its default,
+its check and a line of documentation: model-wide fields, ``model.norm``,
+``model.logit_scale`` and ``model.position``, where every registered
+encoding with options has its own section ``model.position.<name>`` (e.g.
+``model.position.t5.num_buckets``), read off the unit's ``Option``
+declarations. ``model_config()`` is its ConfigDict of small CPU-friendly
+defaults; :class:`posenc.model.spec.ModelSpec` validates a config against
+it (every field's check, unknown fields named with the closest valid one)
+and adds the cross-field rules.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from posenc import checks, registry
+from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options
 
 RANDOMIZED_PER = ("batch", "example")
+LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")
+LAYER_RULES = ("all", "positional", "nope")
+MLPS = ("gelu", "swiglu")
+DTYPES = ("auto", "float32", "bfloat16")
+IMPLS = ("auto", "dense", "blocked", "pallas")
+
+
+def _named(check):
+    """A field check from a ``check(value)`` whose ValueError gets the field's name in front."""
+
+    def wrapped(name, value):
+        try:
+            return check(value)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+
+    return wrapped
+
+
+def _kinds(name, value) -> tuple[str, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of position kinds; got {value!r}")
+    return tuple(_named(encoding.get)(f"{name}[{i}]", k) and k for i, k in enumerate(value))
+
+
+def _spans(name, value) -> tuple[str, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of spans ({', '.join(encoding.SPANS)}); got {value!r}")
+    return tuple(checks.choice(f"{name}[{i}]", s, encoding.SPANS) for i, s in enumerate(value))
+
+
+class Position(Section):
+    """model.position: the encoding of every layer, randomized positions, one section per encoding."""
+
+    kind = Field("rope", _named(lambda v: encoding.get(v) and v),
+                 "any name of posenc.model.ENCODINGS (or a plugin's)")
+    layer_kinds = Field((), _kinds, "explicit per-layer kinds (overrides kind in the layers); () = kind "
+                                    "everywhere", type=tuple)
+    randomized = Field(False, options.boolean, "randomized positions (Ruoss et al. 2023) at training "
+                                               "and evaluation, as the reference")
+    randomized_max_position = Field(2048, options.positive_int, "randomized positions are drawn from "
+                                                                "[0, randomized_max_position)")
+    randomized_per = Field("batch", options.one_of(*RANDOMIZED_PER),
+                           "batch (the reference: one draw per batch) | example")
+
+    @classmethod
+    def entries(cls):
+        found = super().entries()
+        for name, unit in sorted(encoding.ENCODINGS.items()):
+            opts = options.options_of(unit)
+            if opts:
+                section = options_section(f"{unit.__name__}Options", opts,
+                                          f"model.position.{name}: options of {name}")
+                found[name] = Sub(section, f"options of the {name} encoding")
+        return found
+
+
+class Norm(Section):
+    """model.norm: the norm, its residual placement, QK-norm, soft-capping and embedding scale."""
+
+    kind = Field("rms", _named(registry.check_norm_kind), "a norm of posenc.registry.NORM_KINDS")
+    placement = Field("pre", _named(registry.check_placement), "a placement of posenc.registry.PLACEMENTS")
+    eps = Field(1e-6, options.positive, "norm epsilon")
+    mixln_fraction = Field(0.25, lambda n, v: checks.number(n, v, minimum=0.0, maximum=1.0),
+                           "placement mixln: the fraction of post-norm layers (the first ones)")
+    dyt_alpha = Field(0.5, options.positive, "kind dyt: the initial alpha")
+    qk_norm = Field("none", _named(registry.check_qk_norm), "QK-norm of posenc.registry.QK_NORMS")
+    qk_norm_layers = Field("all", options.one_of(*LAYER_RULES),
+                           "all | positional (layers with a position term: Llama 4) | nope")
+    attn_softcap = Field(0.0, options.nonnegative, "attention-logit soft-cap (0 = off)")
+    final_softcap = Field(0.0, options.nonnegative, "output-logit soft-cap (0 = off)")
+    embed_scale = Field(False, options.boolean, "multiply token embeddings by sqrt(d_model)")
+
+
+class LogitScale(Section):
+    """model.logit_scale: length-aware scaling of the queries (posenc.logit_scale)."""
+
+    kind = Field("none", options.one_of(*LOGIT_SCALES),
+                 "none | ssmax (s log n) | logn (Qwen: max(1, log n / log L_train)) | temperature "
+                 "(Llama 4); n = the keys the query sees")
+    layers = Field("all", options.one_of(*LAYER_RULES), "all | positional | nope: the layers it applies to")
+    train_length = Field(0, options.nonnegative_int, "logn: L_train (0: the task's training length)")
+    floor_scale = Field(8192.0, options.positive, "temperature: floor scale")
+    attn_scale = Field(0.1, lambda n, v: checks.number(n, v), "temperature: attention scale")
+    ssmax_init = Field(0.43, lambda n, v: checks.number(n, v),
+                       "ssmax: initial s (the value of the paper's Figure 1)")
+    ssmax_bias = Field(False, options.boolean, "ssmax: s log n + b, b learned per head (init 0)")
+
+
+class Model(Section):
+    """model: the decoder (sizes, attention, spans, norms, positions)."""
+
+    vocab_size = Field(32, options.positive_int, "vocabulary size (set from the task by a training run)")
+    d_model = Field(64, options.positive_int, "model width")
+    num_layers = Field(2, options.positive_int, "decoder layers")
+    num_heads = Field(4, options.positive_int, "attention heads")
+    num_kv_heads = Field(0, options.nonnegative_int, "0: num_heads; fewer: grouped-query attention")
+    head_dim = Field(0, options.nonnegative_int, "0: d_model // num_heads")
+    mlp = Field("gelu", options.one_of(*MLPS), "gelu | swiglu")
+    mlp_ratio = Field(4.0, options.positive, "MLP hidden width / d_model")
+    dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
+    tie_embeddings = Field(True, options.boolean, "the head is the transposed token embedding")
+    dtype = Field("float32", options.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "
+                                                      "float32 | bfloat16 (params stay float32)")
+    attention_block = Field(512, options.positive_int, "query / key block of the memory-efficient attention")
+    attention_impl = Field("auto", options.one_of(*IMPLS), "auto | dense | blocked | pallas")
+    attention_causal_block = Field(64, options.nonnegative_int,
+                                   "dense causal attention: query blocks skip keys past their diagonal "
+                                   "(0 = off)")
+    attention_span = Field("full", options.one_of(*encoding.SPANS),
+                           "full | window (keys j with i - W < j <= i) | chunk (the query's chunk of C)")
+    attention_window = Field(0, options.nonnegative_int, "W of the window layers")
+    attention_chunk = Field(0, options.nonnegative_int, "C of the chunk layers")
+    global_every = Field(0, options.nonnegative_int, "k: layers k-1, 2k-1, ... keep a full span")
+    layer_spans = Field((), _spans, "explicit per-layer spans (instead of attention_span / global_every)",
+                        type=tuple)
+    logit_scale = Sub(LogitScale)
+    position = Sub(Position)
+    norm = Sub(Norm)
 
 
 def position_config() -> ml_collections.ConfigDict:
-    """Fields of ``config.model.position``: the kind, per-layer kinds, randomized positions, sections."""
-    fields = dict(
-        kind="rope",  # any name of posenc.model.ENCODINGS
-        # explicit per-layer kinds (overrides kind in the layers); () = kind everywhere
-        layer_kinds=(),
-        # randomized positions (Ruoss et al. 2023): at training and at evaluation, as the reference
-        randomized=False,
-        randomized_max_position=2048,
-        randomized_per="batch",  # batch (the reference: one draw per batch) | example
-    )
-    for name, cls in sorted(encoding.ENCODINGS.items()):
-        if options.options_of(cls):
-            fields[name] = options.section(cls)
-    return ml_collections.ConfigDict(fields)
+    """Fields of ``config.model.position``."""
+    return Position.config()
 
 
 def norm_config() -> ml_collections.ConfigDict:
     """Fields of ``config.model.norm``."""
-    return ml_collections.ConfigDict(
-        dict(
-            kind="rms",  # posenc.registry.NORM_KINDS
-            placement="pre",  # posenc.registry.PLACEMENTS
-            eps=1e-6,
-            mixln_fraction=0.25,  # placement mixln only
-            dyt_alpha=0.5,  # kind dyt only
-            qk_norm="none",  # posenc.registry.QK_NORMS
-            qk_norm_layers="all",  # all | positional (layers with a position term: Llama 4) | nope
-            attn_softcap=0.0,  # 0 = off
-            final_softcap=0.0,  # 0 = off
-            embed_scale=False,  # multiply token embeddings by sqrt(d_model)
-        )
-    )
-
-
-LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")
-LAYER_RULES = ("all", "positional", "nope")
+    return Norm.config()
 
 
 def logit_scale_config() -> ml_collections.ConfigDict:
-    """Fields of ``config.model.logit_scale``: length-aware scaling of the queries (posenc.logit_scale)."""
-    return ml_collections.ConfigDict(
-        dict(
-            # none | ssmax (s log n, s learned per head and layer) | logn (Qwen:
-            # max(1, log n / log L_train)) | temperature (Llama 4, from the position);
-            # n = the number of keys the query sees (its window or chunk included)
-            kind="none",
-            layers="all",  # all | positional | nope: the layers it applies to
-            train_length=0,  # logn: L_train (0: the task's training length)
-            floor_scale=8192.0,  # temperature
-            attn_scale=0.1,  # temperature
-            ssmax_init=0.43,  # ssmax: initial s (the value of the paper's Figure 1)
-            ssmax_bias=False,  # ssmax: s log n + b, b learned per head (init 0)
-        )
-    )
+    """Fields of ``config.model.logit_scale``."""
+    return LogitScale.config()
 
 
 def model_config() -> ml_collections.ConfigDict:
     """Fields of ``config.model`` with small CPU-friendly defaults."""
-    return ml_collections.ConfigDict(
-        dict(
-            vocab_size=32,
-            d_model=64,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=0,  # 0: same as num_heads; fewer: grouped-query attention
-            head_dim=0,  # 0: d_model // num_heads
-            mlp="gelu",  # gelu | swiglu
-            mlp_ratio=4.0,
-            dropout=0.0,
-            tie_embeddings=True,
-            dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
-            attention_block=512,  # query / key block of the memory-efficient attention
-            attention_impl="auto",  # auto | dense | blocked
-            attention_causal_block=64,  # dense causal attention: query blocks skip keys past their diagonal (0 = off)
-            # the span of each layer: full | window (keys j with i - W < j <= i) | chunk (keys in
-            # the query's chunk of C, Llama 4); global_every=k keeps layers k-1, 2k-1, ... full
-            attention_span="full",
-            attention_window=0,  # W of the window layers
-            attention_chunk=0,  # C of the chunk layers
-            global_every=0,
-            layer_spans=(),  # explicit per-layer spans (instead of attention_span / global_every)
-            logit_scale=logit_scale_config(),
-            position=position_config(),
-            norm=norm_config(),
-        )
-    )
+    return Model.config()

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import ml_collections
-from ml_collections import config_dict
 
 from posenc import checks
+from posenc.config import schema
+from posenc.config.schema import Field
 
 Check = Callable[[str, Any], Any]  # (full field name, value) -> clean value, or ValueError
 
@@ -68,63 +69,8 @@ def positive_floats(name, value) -> tuple[float, ...]:
     return tuple(checks.number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))
 
 
-def _by_type(name, value, default):
-    if isinstance(default, bool):
-        return checks.boolean(name, value)
-    if isinstance(default, int):
-        return checks.integer(name, value)
-    if isinstance(default, float):
-        return checks.number(name, value)
-    if isinstance(default, str) and not isinstance(value, str):
-        raise ValueError(f"{name} must be a string; got {value!r}")
-    return value
-
-
-class Option:
-    """One hyper-parameter of a unit: a default, a check and a line of documentation.
-
-    Args:
-      default: the value when the config does not set it (None needs ``type``).
-      check: ``check(full_name, value) -> clean value``, raising ValueError
-        with the full name; default: a check by the default's type.
-      doc: one line for tables and ``--help``.
-      type: the field type when ``default`` is None (a config placeholder).
-      train_length: 0 means "the task's training length" (filled in by the
-        training layer before validation; e.g. RoPE's ``original_length``).
-    """
-
-    def __init__(self, default, check: Check | None = None, doc: str = "", *, type=None,
-                 train_length: bool = False):
-        if default is None and type is None:
-            raise ValueError("an Option with default None needs type= (the field's type)")
-        self.default, self.check, self.doc = default, check, doc
-        self.type, self.train_length = type, train_length
-        self.name = ""
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, obj, owner=None):
-        # On the class: the Option itself. On an instance the validated value is an
-        # instance attribute (set at construction) and shadows this descriptor.
-        return self if obj is None else self.default
-
-    def config_value(self):
-        """The field's initial value in a ConfigDict (a typed placeholder for None)."""
-        if self.default is None:
-            return config_dict.placeholder(self.type)
-        return self.default
-
-    def validate(self, full_name: str, value):
-        """The clean value of this option, or ValueError naming ``full_name``."""
-        if self.check is not None:
-            return self.check(full_name, value)
-        if value is None:
-            return None
-        return _by_type(full_name, value, self.default)
-
-    def __repr__(self):
-        return f"Option({self.default!r}, doc={self.doc!r})"
+# One declaration per field, for units and config sections alike (posenc.config.schema).
+Option = Field
 
 
 def options_of(cls) -> dict[str, Option]:
@@ -150,10 +96,8 @@ def read(cls, values, *, prefix: str) -> dict:
     """
     opts = options_of(cls)
     values = dict(values or {})
-    unknown = sorted(set(values) - set(opts))
-    if unknown:
-        raise ValueError(f"unknown field {prefix}.{unknown[0]}; the fields of {prefix} are: "
-                         f"{', '.join(sorted(opts)) or '(none)'}")
+    for key in sorted(set(values) - set(opts)):
+        raise schema.unknown(f"{prefix}.{key}", key, opts)
     return {n: o.validate(f"{prefix}.{n}", values.get(n, o.default)) for n, o in opts.items()}
 
 

@@ -15,14 +15,15 @@ import dataclasses
 import types
 from typing import Any, Mapping
 
-from posenc import checks, registry
-from posenc.model import attention, encoding, fused
+import ml_collections
+
+from posenc import checks
+from posenc.model import encoding, fused
 from posenc.model import config as config_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
 
-MLPS = ("gelu", "swiglu")
-DTYPES = ("auto", "float32", "bfloat16")
+MLPS, DTYPES = config_lib.MLPS, config_lib.DTYPES
 
 
 def resolve_dtype(name: str) -> str:
@@ -106,21 +107,13 @@ def _fill(cls, values: dict, train_length: int) -> None:
             values[name] = fill(train_length) if callable(fill) else train_length
 
 
-def _int(name, value, minimum):
-    return checks.integer(f"model.{name}", value, minimum=minimum)
-
-
 def _spec(cfg, train_length) -> ModelSpec:
-    sizes = {n: _int(n, cfg[n], 1) for n in ("vocab_size", "d_model", "num_layers", "num_heads",
-                                           "attention_block")}
-    for name in ("num_kv_heads", "head_dim", "attention_causal_block"):
-        _int(name, cfg[name], 0)
-    checks.choice("model.mlp", cfg.mlp, MLPS)
+    # Every field's own check runs once, from its declaration (posenc.model.config.Model);
+    # what follows are the rules that relate several fields.
+    cfg = ml_collections.ConfigDict(config_lib.Model.validate(cfg, "model"))
+    sizes = {n: int(cfg[n]) for n in ("vocab_size", "d_model", "num_layers", "num_heads", "attention_block")}
     dtype = resolve_dtype(cfg.dtype)
-    checks.choice("model.attention_impl", cfg.attention_impl, attention.IMPLS)
-    dropout = checks.number("model.dropout", cfg.dropout, minimum=0.0, below=1.0)
-    mlp_ratio = checks.number("model.mlp_ratio", cfg.mlp_ratio, positive=True)
-    checks.boolean("model.tie_embeddings", cfg.tie_embeddings)
+    dropout, mlp_ratio = float(cfg.dropout), float(cfg.mlp_ratio)
     d_model, num_heads, num_layers = sizes["d_model"], sizes["num_heads"], sizes["num_layers"]
     if cfg.head_dim == 0 and d_model % num_heads:
         raise ValueError(f"model.d_model {d_model} is not divisible by model.num_heads {num_heads} "
@@ -148,18 +141,7 @@ def _spec(cfg, train_length) -> ModelSpec:
     )
 
 
-def _named(field: str, check, value):
-    """``check(value)``, its ValueError prefixed with the config field that holds ``value``."""
-    try:
-        return check(value)
-    except ValueError as e:
-        raise ValueError(f"{field}: {e}") from None
-
-
 def _norm(n) -> NormSpec:
-    for field, check in (("kind", registry.check_norm_kind), ("placement", registry.check_placement),
-                         ("qk_norm", registry.check_qk_norm)):
-        _named(f"model.norm.{field}", check, n[field])
     defaults = config_lib.norm_config()
     # Fields that only one choice reads: setting them for another is a mistake.
     for field, owner, chosen in (("mixln_fraction", "placement 'mixln'", n.placement == "mixln"),
@@ -168,21 +150,14 @@ def _norm(n) -> NormSpec:
             raise ValueError(f"model.norm.{field}={n[field]!r} is set, but only {owner} uses it "
                              f"(model.norm.kind={n.kind!r}, model.norm.placement={n.placement!r})")
     return NormSpec(
-        kind=n.kind, placement=n.placement,
-        eps=checks.number("model.norm.eps", n.eps, positive=True),
-        mixln_fraction=checks.number("model.norm.mixln_fraction", n.mixln_fraction, minimum=0.0,
-                                     maximum=1.0),
-        dyt_alpha=checks.number("model.norm.dyt_alpha", n.dyt_alpha, positive=True),
-        qk_norm=n.qk_norm,
-        attn_softcap=checks.number("model.norm.attn_softcap", n.attn_softcap, minimum=0.0),
-        final_softcap=checks.number("model.norm.final_softcap", n.final_softcap, minimum=0.0),
-        embed_scale=checks.boolean("model.norm.embed_scale", n.embed_scale),
+        kind=n.kind, placement=n.placement, eps=float(n.eps), mixln_fraction=float(n.mixln_fraction),
+        dyt_alpha=float(n.dyt_alpha), qk_norm=n.qk_norm, attn_softcap=float(n.attn_softcap),
+        final_softcap=float(n.final_softcap), embed_scale=bool(n.embed_scale),
     )
 
 
 def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSpec:
     kind = p.kind
-    _named("model.position.kind", encoding.get, kind)
     explicit = tuple(p.layer_kinds)
     if explicit:
         if len(explicit) != num_layers:
@@ -221,10 +196,7 @@ def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSp
                 + (f", layer_kinds={explicit!r}" if explicit else "") + ")")
     return PositionSpec(
         kind=kind, layer_kinds=layer_kinds, options=types.MappingProxyType(opts),
-        randomized=checks.boolean("model.position.randomized", p.randomized),
-        randomized_max_position=checks.integer("model.position.randomized_max_position",
-                                               p.randomized_max_position, minimum=1),
-        randomized_per=checks.choice("model.position.randomized_per", p.randomized_per,
-                                     config_lib.RANDOMIZED_PER),
+        randomized=bool(p.randomized), randomized_max_position=int(p.randomized_max_position),
+        randomized_per=p.randomized_per,
     )
 

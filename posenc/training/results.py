@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
-import tempfile
 from typing import Iterable
+
+from posenc import files
+from posenc.files import _clean, read_jsonl, write_json, write_jsonl  # noqa: F401  (re-exported)
 
 REQUIRED_FIELDS = (
     "task", "position", "norm", "placement", "seed", "train_length", "eval_length",
@@ -65,20 +65,6 @@ def config_hash(config) -> str:
     return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 
 
-def _clean(value):
-    # JSON has no NaN / Infinity: store them as null (json.dumps would write
-    # invalid JSON otherwise).
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return _clean(value.item())
-    return value
-
-
 def validate_row(row: dict) -> dict:
     """Return ``row`` if it has every required field with a sensible type, else raise ValueError."""
     missing = [f for f in REQUIRED_FIELDS if f not in row]
@@ -113,35 +99,5 @@ def merge_rows(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (temp file in the same dir, fsync, os.replace)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_jsonl(path: str, rows: Iterable[dict]) -> None:
-    """Atomically write ``rows`` (one JSON object per line) to ``path``."""
-    atomic_write_text(path, "".join(json.dumps(_clean(r), sort_keys=True) + "\n" for r in rows))
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """Rows of a JSONL file; ``[]`` if it does not exist."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def write_json(path: str, obj) -> None:
-    """Atomically write ``obj`` as indented, sorted JSON."""
-    atomic_write_text(path, json.dumps(_clean(obj), indent=2, sort_keys=True, default=_default) + "\n")
+    """Replace ``path`` with ``text`` atomically (:func:`posenc.files.atomic_write`)."""
+    files.atomic_write(path, text)

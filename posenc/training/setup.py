@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 
 import ml_collections
 from absl import logging
 
-from posenc import checks
 from posenc import tasks as tasks_lib
-from posenc.model import ModelSpec, model_config
+from posenc.config import overrides
+from posenc.config.schema import ConfigError  # noqa: F401  (re-exported)
+from posenc.model import ModelSpec
 from posenc.model import encoding as encoding_lib
-from posenc.training import lock, optim, overrides, results
-
-
-class ConfigError(ValueError):
-    """A config field has a bad value (the message names the field and what is allowed)."""
+from posenc.training import lock, results, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,62 +63,6 @@ def make_task(config):
     return tasks_lib.make(config.task.name, seed=int(config.task.seed), **config.task.options.to_dict())
 
 
-def _positive(name, value):
-    return checks.integer(name, value, minimum=1)
-
-
-def _check_train(train) -> None:
-    for f in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints"):
-        _positive(f"train.{f}", train[f])
-    checks.integer("train.seed", train.seed, minimum=0)
-    checks.integer("train.warmup_steps", train.warmup_steps, minimum=0)
-    lr = train.learning_rate
-    if not (checks.is_real(lr) and math.isfinite(lr) and lr > 0):  # bool, None, inf: not a rate
-        raise ValueError(f"train.learning_rate must be > 0 (a finite number), got {lr!r}")
-    checks.number("train.min_lr_ratio", train.min_lr_ratio, minimum=0.0, maximum=1.0)
-    optim.learning_rate_schedule(train)  # steps, warmup range
-    for f in ("weight_decay", "clip_norm", "z_loss"):
-        checks.number(f"train.{f}", train[f], minimum=0.0)
-    for f in ("b1", "b2"):
-        checks.number(f"train.{f}", train[f], minimum=0.0, below=1.0)
-    checks.number("train.eps", train.eps, positive=True)
-    checks.number("train.fit_accuracy", train.fit_accuracy, minimum=0.0, maximum=1.0)
-    _positive("train.fit_check_every", train.fit_check_every)
-    for f in ("tensorboard", "progress"):
-        checks.boolean(f"train.{f}", train[f])
-
-
-def _check_eval(ev) -> None:
-    lengths = tuple(ev.lengths) if isinstance(ev.lengths, (tuple, list)) else ev.lengths
-    if not isinstance(lengths, tuple) or not lengths or not all(
-            checks.is_int(n) and n >= 1 for n in lengths):
-        raise ValueError(f"eval.lengths must be a non-empty tuple of positive integers, got {lengths!r}")
-    for f in ("batch_size", "num_batches", "position_buckets"):
-        _positive(f"eval.{f}", ev[f])
-    checks.integer("eval.seed", ev.seed, minimum=0)
-    checks.integer("eval.max_tokens_per_step", ev.max_tokens_per_step, minimum=0)
-
-
-def _check_mesh(mesh) -> None:
-    if mesh is None:
-        return
-    data = mesh.get("data", -1)
-    if not checks.is_int(data) or not (data == -1 or data >= 1):
-        raise ValueError(f"mesh.data must be -1 (all devices) or a positive integer, got {data!r}")
-    checks.boolean("mesh.fsdp", mesh.get("fsdp", False))
-
-
-def _check_known_fields(section, schema, prefix: str) -> None:
-    # A config built in code is not locked: a mistyped model field would be ignored silently.
-    for key in section.keys():
-        if key not in schema:
-            raise ValueError(f"unknown config field '{prefix}.{key}'; the fields of {prefix} are: "
-                             f"{', '.join(sorted(schema.keys()))}")
-        if isinstance(schema[key], ml_collections.ConfigDict) and isinstance(
-                section[key], ml_collections.ConfigDict):
-            _check_known_fields(section[key], schema[key], f"{prefix}.{key}")
-
-
 def _prune_sections(config, spec: ModelSpec) -> None:
     pos = config.model.position
     for name in list(pos.keys()):
@@ -146,22 +86,15 @@ def _model_spec(config, where: str) -> ModelSpec:
 
 
 def _resolve(config) -> Resolved:
-    config = plain_copy(config)
-    if not isinstance(config.task.name, str) or config.task.name not in tasks_lib.TASKS:
-        raise ValueError(f"task.name: unknown task {config.task.name!r}; choose one of: "
-                         f"{', '.join(tasks_lib.TASKS)}")
-    _positive("task.train_length", config.task.train_length)
-    checks.integer("task.min_size", config.task.min_size, minimum=0)
-    _check_train(config.train)
-    _check_eval(config.eval)
-    _check_mesh(config.get("mesh"))
+    # Every field of every section, from its declaration (posenc.training.schema): an unknown
+    # field fails here however the config was built; missing fields take their defaults.
+    config = plain_copy(schema.validate(plain_copy(config)))
     task = make_task(config)
     largest = task.max_size(int(config.task.train_length))
     if config.task.min_size > largest:
         raise ValueError(f"task.min_size={config.task.min_size} exceeds the largest problem size "
                          f"{largest} at task.train_length={config.task.train_length}")
     config.model.vocab_size = int(task.vocab_size)
-    _check_known_fields(config.model, model_config(), "model")
     spec = _model_spec(config, "")
     variants = {}
     for name, fields in overrides.as_dict(config.eval.variants).items():
@@ -171,7 +104,7 @@ def _resolve(config) -> Resolved:
             raise ValueError(f"eval.variants.{name}: an evaluation variant changes model.* fields "
                              f"(the trained parameters stay); got {bad[0]!r}")
         vc = plain_copy(config)
-        overrides.apply(vc, fields, where=f"eval.variants.{name}")
+        overrides.apply(vc, fields, schema=schema.Run, where=f"eval.variants.{name}")
         vspec = _model_spec(vc, f"eval.variants.{name}: ")
         if vspec.position.layer_kinds != spec.position.layer_kinds or vspec.position.kind != spec.position.kind:
             raise ValueError(f"eval.variants.{name}: an evaluation variant cannot change the position "

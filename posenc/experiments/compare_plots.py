@@ -20,41 +20,11 @@ line over every run. Files:
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 
-from posenc.training import report
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, path: str) -> str:
-    """Write ``fig`` to ``path`` atomically (a temp file in the same directory, then os.replace)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def _errorbar(ax, xs, stats, **kw):
-    ys = [s[0] for s in stats]
-    err = [0.0 if s[1] is None else s[1] for s in stats]
-    return ax.errorbar(xs, ys, yerr=err, capsize=3, **kw)
+from posenc.experiments import compare_report as report
+from posenc.experiments import figures
 
 
 def _lines(ax, table: dict, unfitted: dict, metric: str, include_unfitted: bool) -> None:
@@ -65,7 +35,7 @@ def _lines(ax, table: dict, unfitted: dict, metric: str, include_unfitted: bool)
         k = max((s["unfitted"] for s in table[label].values()), default=0)
         name = label + (f" [{k} unfitted]" if k and include_unfitted else "")
         if pts:
-            _errorbar(ax, [x for x, _ in pts], [v for _, v in pts], marker="o", color=color, label=name)
+            figures.errorbar(ax, [x for x, _ in pts], [v for _, v in pts], marker="o", color=color, label=name)
         apart = unfitted.get(label, {})
         upts = [(x, s[metric]) for x, s in apart.items() if s[metric] is not None]
         if upts and not include_unfitted:  # the mean of the unfitted runs, no interval
@@ -93,7 +63,7 @@ def _length_axes(ax, train_lengths, ylabel: str, title: str) -> None:
 def _length_plots(rows, directory, include_unfitted) -> list[str]:
     summary = report.summarize(rows, include_unfitted=include_unfitted)
     apart = report.summarize(rows, only_unfitted=True)
-    plt, paths = _pyplot(), []
+    plt, paths = figures.pyplot(), []
     for task, table in sorted(summary.items()):
         train_lengths = sorted({r["train_length"] for r in rows if r["task"] == task})
         if task == "text":
@@ -105,8 +75,7 @@ def _length_plots(rows, directory, include_unfitted) -> list[str]:
                 _length_axes(ax, train_lengths, "log-perplexity (nats per token)",
                              f"text: {where} of each window (dotted: training length)")
             fig.tight_layout()
-            paths.append(save(fig, os.path.join(directory, "text_log_perplexity.png")))
-            plt.close(fig)
+            paths.append(figures.save(fig, os.path.join(directory, "text_log_perplexity.png")))
             continue
         for metric in ("accuracy", "exact_match", "loss"):
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -115,15 +84,14 @@ def _length_plots(rows, directory, include_unfitted) -> list[str]:
                          f"{task}: {metric} vs length (mean, 95% t-interval; dotted: training length)")
             _unit_range(ax, metric)
             fig.tight_layout()
-            paths.append(save(fig, os.path.join(directory, f"{task}_{metric}.png")))
-            plt.close(fig)
+            paths.append(figures.save(fig, os.path.join(directory, f"{task}_{metric}.png")))
     return paths
 
 
 def _sweep_plots(rows, directory, include_unfitted) -> list[str]:
     sweeps = report.summarize_sweeps(rows, include_unfitted=include_unfitted)
     apart = report.summarize_sweeps(rows, only_unfitted=True)
-    plt, paths = _pyplot(), []
+    plt, paths = figures.pyplot(), []
     for task, options in sorted(sweeps.items()):
         metric = report.main_metric(task)
         for option, by_label in options.items():
@@ -148,8 +116,7 @@ def _sweep_plots(rows, directory, include_unfitted) -> list[str]:
                 ax.axis("off")
             fig.suptitle(f"{task}: {metric} vs {option} (mean, 95% t-interval)", fontsize=11)
             fig.tight_layout()
-            paths.append(save(fig, os.path.join(directory, f"{task}_sweep_{option}.png")))
-            plt.close(fig)
+            paths.append(figures.save(fig, os.path.join(directory, f"{task}_sweep_{option}.png")))
     return paths
 
 
@@ -171,7 +138,7 @@ def write_heatmap(rows, path: str, *, include_unfitted: bool = False) -> str | N
             else:
                 values[i, j] = cell["stat"][0]
                 texts[i, j] = f"{values[i, j]:.2f}" + ("†" if cell["unfitted"] and not include_unfitted else "")
-    plt = _pyplot()
+    plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(3.0 + 0.9 * len(labels), 1.8 + 0.38 * len(tasks)))
     image = ax.imshow(np.ma.masked_invalid(values), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     for (i, j), text in np.ndenumerate(texts):
@@ -187,8 +154,7 @@ def write_heatmap(rows, path: str, *, include_unfitted: bool = False) -> str | N
     ax.set_title("accuracy beyond the training length" + ("" if include_unfitted else
                                                             " (†: unfitted runs left out)"), fontsize=10)
     fig.tight_layout()
-    save(fig, path)
-    plt.close(fig)
+    figures.save(fig, path)
     return path
 
 

@@ -1,4 +1,4 @@
-"""Comparison report: ``table.md``, ``aggregate.md`` and PNG plots (:mod:`posenc.training.plots`).
+"""Tables of the compare study: ``table.md`` and ``aggregate.md`` (figures: :mod:`posenc.experiments.compare_plots`).
 
 Rows are grouped per task by label (the run's ``variant`` if it has one,
 else the position kind, marked ``+randomized``; ``@<eval variant>`` for the
@@ -33,12 +33,11 @@ and 95% t-interval over seeds; tasks grouped by Chomsky-hierarchy level.
 from __future__ import annotations
 
 import collections
-import math
-import os
 
 import numpy as np
 
-from posenc.training.results import atomic_write_text
+from posenc.experiments import tables
+from posenc.experiments.stats import interval, t_quantile  # noqa: F401  (re-exported)
 
 LEVEL_ORDER = ("R", "DCF", "CS", None)
 LEVEL_NAMES = {"R": "regular", "DCF": "deterministic context-free", "CS": "context-sensitive"}
@@ -47,53 +46,6 @@ METRICS = ("loss", "accuracy", "exact_match", "perplexity", "loss_last_L", "perp
 
 def main_metric(task: str) -> str:
     return "loss" if task == "text" else "accuracy"
-
-
-# ------------------------------------------------------------------ statistics
-def _t_two_sided(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4, finite series)."""
-    theta = math.atan(t / math.sqrt(df))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
-    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
-        term, total = 1.0, 1.0 if df > 1 else 0.0
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        return 2 / math.pi * (theta + s * math.cos(theta) * total)
-    term, total = 1.0, 1.0  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
-    for k in range(1, df // 2):
-        term *= c2 * (2 * k - 1) / (2 * k)
-        total += term
-    return s * total
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` >= 1 degrees of freedom (bisection)."""
-    if not 0.5 < p < 1 or int(df) != df or df < 1:
-        raise ValueError(f"t_quantile needs 0.5 < p < 1 and an integer df >= 1, got p={p!r}, df={df!r}")
-    target, lo, hi = 2 * p - 1, 0.0, 1.0
-    while _t_two_sided(hi, int(df)) < target:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_two_sided(mid, int(df)) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def interval(values, *, confidence: float = 0.95):
-    """``(mean, half_width, n)`` of ``values``: the t-interval over seeds (half_width None for n = 1).
-
-    None for no values.
-    """
-    values = [float(v) for v in values]
-    n = len(values)
-    if not n:
-        return None
-    mean = float(np.mean(values))
-    if n == 1:
-        return (mean, None, 1)
-    s = float(np.std(values, ddof=1))
-    return (mean, t_quantile(0.5 + confidence / 2, n - 1) * s / math.sqrt(n), n)
 
 
 # ---------------------------------------------------------------------- groups
@@ -194,8 +146,7 @@ def summarize_sweeps(rows: list[dict], *, include_unfitted: bool = False, only_u
 
 # ---------------------------------------------------------------------- tables
 def _number(stat, digits: int = 3) -> str:
-    mean, half, _ = stat
-    return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+    return tables.number(stat, digits)
 
 
 def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
@@ -380,28 +331,12 @@ def aggregate_markdown(rows: list[dict], *, include_unfitted: bool = False) -> s
 
 # ---------------------------------------------------------------------- files
 def write_table(rows: list[dict], path: str, *, include_unfitted: bool = False) -> None:
-    atomic_write_text(path, table_markdown(rows, include_unfitted=include_unfitted))
+    tables.write(path, table_markdown(rows, include_unfitted=include_unfitted))
 
 
 def write_aggregate(rows: list[dict], path: str, *, include_unfitted: bool = False) -> bool:
     """Write ``aggregate.md`` (atomically); False (nothing written) when no task has OOD accuracy."""
     text = aggregate_markdown(rows, include_unfitted=include_unfitted)
     if text:
-        atomic_write_text(path, text)
+        tables.write(path, text)
     return bool(text)
-
-
-def write_plots(rows: list[dict], directory: str, *, include_unfitted: bool = False) -> list[str]:
-    """Every plot of :mod:`posenc.training.plots` in ``directory``; returns their paths."""
-    from posenc.training import plots
-
-    return plots.write_plots(rows, directory, include_unfitted=include_unfitted)
-
-
-def write_report(rows: list[dict], workdir: str, *, include_unfitted: bool = False) -> list[str]:
-    """``workdir/table.md``, ``workdir/aggregate.md`` (if any task has one) and ``workdir/plots/*.png``."""
-    paths = [os.path.join(workdir, "table.md")]
-    write_table(rows, paths[0], include_unfitted=include_unfitted)
-    if write_aggregate(rows, os.path.join(workdir, "aggregate.md"), include_unfitted=include_unfitted):
-        paths.append(os.path.join(workdir, "aggregate.md"))
-    return paths + write_plots(rows, os.path.join(workdir, "plots"), include_unfitted=include_unfitted)

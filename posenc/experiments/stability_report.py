@@ -1,4 +1,4 @@
-"""table.md and plots of the stability study (rows of experiments.stability.run_point).
+"""Tables and plots of the stability study (rows of :class:`posenc.experiments.stability.Stability`).
 
 LR sensitivity (Wortsman et al. 2023, posenc.stability.lr_sensitivity): over
 the learning-rate grid of one (size, variant, seed), the mean of
@@ -14,11 +14,8 @@ import os
 import numpy as np
 
 from posenc import stability
-from posenc.training.results import atomic_write_text, read_jsonl
-
-
-def _order(rows, key):
-    return list(dict.fromkeys(r[key] for r in rows))
+from posenc import files
+from posenc.experiments import figures, tables
 
 
 def _loss(r) -> float:
@@ -50,7 +47,7 @@ def _final(rs) -> str:
 
 def table_markdown(rows: list[dict]) -> str:
     """LR sensitivity per variant and size, then the final loss per learning rate for each size."""
-    sizes, variants = _order(rows, "size"), _order(rows, "variant")
+    sizes, variants = tables.order(rows, "size"), tables.order(rows, "variant")
     lrs = sorted({r["learning_rate"] for r in rows})
     seeds = sorted({r["seed"] for r in rows})
     sens = sensitivities(rows)
@@ -85,16 +82,6 @@ def table_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_table(rows: list[dict], path: str) -> None:
-    atomic_write_text(path, table_markdown(rows))
-
-
-def _save(fig, path):
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
-
-
 def _outcome(r) -> float:
     return r["initial_loss"] if r["diverged"] else min(r["loss"], r["initial_loss"])
 
@@ -104,7 +91,7 @@ def pick_pair(rows, unstable="baseline", stable="qk_norm"):
     where the first does worst against the second (the paper's figure), else, without those
     variants, the worst and the best run of the group whose outcomes differ most."""
     best = None
-    for rs in _groupby(rows, ("size", "learning_rate", "seed")).values():
+    for rs in tables.groupby(rows, ("size", "learning_rate", "seed")).values():
         named = {r["variant"]: r for r in rs}
         if unstable in named and stable in named:
             hi, lo = named[unstable], named[stable]
@@ -117,28 +104,17 @@ def pick_pair(rows, unstable="baseline", stable="qk_norm"):
     return (best[1], best[2]) if best else (None, None)
 
 
-def _groupby(rows, keys):
-    out = collections.defaultdict(list)
-    for r in rows:
-        out[tuple(r[k] for k in keys)].append(r)
-    return out
-
-
 def write_plots(rows: list[dict], directory: str, *, run_dir: str) -> list[str]:
     """stability_loss_vs_lr.png and stability_attention_logit.png (train logs from ``run_dir``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     os.makedirs(directory, exist_ok=True)
-    sizes, variants = _order(rows, "size"), _order(rows, "variant")
+    sizes, variants = tables.order(rows, "size"), tables.order(rows, "variant")
     colors = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 4.0), sharey=True, squeeze=False)
     for ax, s in zip(axes[0], sizes):
         mine = [r for r in rows if r["size"] == s]
         for v in variants:
-            by_lr = _groupby([r for r in mine if r["variant"] == v], ("learning_rate",))
+            by_lr = tables.groupby([r for r in mine if r["variant"] == v], ("learning_rate",))
             lrs = sorted(k[0] for k in by_lr)
             ys = [np.mean([min(_loss(r), r["initial_loss"]) if r["loss"] is not None else r["initial_loss"]
                            for r in by_lr[(lr,)]]) for lr in lrs]
@@ -155,14 +131,13 @@ def write_plots(rows: list[dict], directory: str, *, run_dir: str) -> list[str]:
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     paths = [os.path.join(directory, "stability_loss_vs_lr.png")]
-    _save(fig, paths[0])
-    plt.close(fig)
+    figures.save(fig, paths[0])
 
     bad, good = pick_pair(rows)
     if bad is not None and bad is not good:
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for r, style in ((bad, "-"), (good, "--")):
-            log = read_jsonl(os.path.join(run_dir, r["run"], "train_log.jsonl"))
+            log = files.read_jsonl(os.path.join(run_dir, r["run"], "train_log.jsonl"))
             pts = [(x["step"], x["max_attention_logit"]) for x in log if "max_attention_logit" in x]
             state = (f"diverged at step {r['diverged_at_step']}" if r["diverged"]
                      else f"final loss {r['loss']:.3f}")
@@ -176,6 +151,5 @@ def write_plots(rows: list[dict], directory: str, *, run_dir: str) -> list[str]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(os.path.join(directory, "stability_attention_logit.png"))
-        _save(fig, paths[-1])
-        plt.close(fig)
+        figures.save(fig, paths[-1])
     return paths

@@ -1,4 +1,4 @@
-"""table.md and plots of the context-extension study (rows of experiments.extend.study_row).
+"""Tables and plots of the extend study (rows of :func:`posenc.experiments.extend.study_row`).
 
 Cells are means over seeds (± population std with several seeds); a budget
 whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from posenc.training.results import atomic_write_text
+from posenc.experiments import figures, tables
 
 _METRIC = {"text": ("loss", "loss (nats / byte)"), "passkey": ("exact_match", "passkey accuracy")}
 
@@ -37,15 +37,11 @@ def _fmt(values) -> str:
     return text + (f" [{len(values) - len(good)} diverged]" if len(good) < len(values) else "")
 
 
-def _order(rows, key):
-    return list(dict.fromkeys(r[key] for r in rows))
-
-
 def table_markdown(rows: list[dict]) -> str:
     """Per task and factor: a row per method, columns zero-shot at L and s L, then each budget at s L."""
     cells, lines = _cells(rows), []
     seeds = sorted({r["seed"] for r in rows})
-    for task in _order(rows, "task"):
+    for task in tables.order(rows, "task"):
         mine = [r for r in rows if r["task"] == task]
         metric, label = _METRIC.get(task, ("loss", "loss"))
         length = mine[0]["train_length"]
@@ -62,15 +58,11 @@ def table_markdown(rows: list[dict]) -> str:
                      for b in budgets]
             lines += [f"### factor {factor:g} (target {target})", "",
                       "| method | " + " | ".join(c[2] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-            for method in _order(rs, "method"):
+            for method in tables.order(rs, "method"):
                 vals = [_fmt(cells.get((task, method, factor, b, n), [])) for b, n, _ in cols]
                 lines.append(f"| {method} | " + " | ".join(vals) + " |")
             lines.append("")
     return "\n".join(lines)
-
-
-def write_table(rows: list[dict], path: str) -> None:
-    atomic_write_text(path, table_markdown(rows))
 
 
 def _mean(values):
@@ -78,23 +70,13 @@ def _mean(values):
     return float(np.mean(good)) if good else None
 
 
-def _save(fig, path):
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
-
-
 def write_plots(rows: list[dict], directory: str) -> list[str]:
     """extend_loss_vs_length.png, extend_loss_vs_tokens.png and (with passkey rows) extend_passkey.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     os.makedirs(directory, exist_ok=True)
     cells, paths = _cells(rows), []
     text = [r for r in rows if r["task"] == "text"]
-    methods = _order(rows, "method")
+    methods = tables.order(rows, "method")
     colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     factors = sorted({r["factor"] for r in rows})
     length = rows[0]["train_length"] if rows else 0
@@ -122,8 +104,7 @@ def write_plots(rows: list[dict], directory: str) -> list[str]:
         axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
         paths.append(os.path.join(directory, "extend_loss_vs_length.png"))
-        _save(fig, paths[-1])
-        plt.close(fig)
+        figures.save(fig, paths[-1])
 
     for task, name in (("text", "extend_loss_vs_tokens.png"), ("passkey", "extend_passkey.png")):
         mine = [r for r in rows if r["task"] == task]
@@ -153,6 +134,5 @@ def write_plots(rows: list[dict], directory: str) -> list[str]:
         axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
         paths.append(os.path.join(directory, name))
-        _save(fig, paths[-1])
-        plt.close(fig)
+        figures.save(fig, paths[-1])
     return paths

@@ -1,0 +1,34 @@
+"""Rebuild the report of any study from its rows: a finished or partial grid.
+
+    python -m experiments.report --workdir /tmp/compare
+    python -m experiments.report --workdir /tmp/compare --include_unfitted
+
+Reads WORKDIR/study.json and every point's rows; cells of points without
+rows yet say so. Runs nothing.
+"""
+
+from __future__ import annotations
+
+from absl import app, flags
+
+from experiments import runtime
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("workdir", None, "A study's workdir (study.json).")
+    flags.DEFINE_bool("include_unfitted", False, "compare: report cells over every run.")
+    flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from posenc import experiments
+
+    for path in experiments.report(flags.FLAGS.workdir, include_unfitted=flags.FLAGS.include_unfitted):
+        print(path)
+
+
+if __name__ == "__main__":
+    define_flags()
+    runtime.main(main)

@@ -1,0 +1,1 @@
+"""Config declarations and overrides: :mod:`~posenc.config.schema`, :mod:`~posenc.config.overrides`."""

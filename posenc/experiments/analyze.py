@@ -1,0 +1,271 @@
+"""Analysis of one trained run: where attention looks, what the position terms learned, where extrapolation breaks.
+
+    python -m experiments.analyze --workdir RUN_DIR
+    python -m experiments.analyze --workdir RUN_DIR --out docs/figures --prefix findings_analysis_t5_
+
+RUN_DIR is a finished run (config.json and a checkpoint: experiments.train,
+or one of WORKDIR/runs/<run>/ of experiments.compare). Writes into --out
+(default RUN_DIR/analysis), each PNG only where it applies to the run:
+
+* ``<prefix>attention.png``: attention entropy (nats) and mean attention
+  distance (tokens, sum_j w_ij (i - j)) against the query position, one
+  line per layer (mean over heads and examples), at the training length L
+  and at ``--factor`` x L; dashed: uniform attention over the visible keys
+  (entropy log(i + 1), distance i / 2);
+* ``<prefix>bias_curves.png``: the bias each head adds against the distance
+  i - j, for every layer whose encoding adds a bias from positions (T5,
+  KERPLE, FIRE, ALiBi, plugins), at query positions L - 1 and factor x L - 1
+  (drawn once when they agree: shift-invariant biases); ALiBi's fixed
+  slopes at this head count for reference;
+* ``<prefix>rope_wavelengths.png``: for runs with RoPE layers, the
+  wavelength 2 pi / theta_i of each rotary pair against L and factor x L,
+  unscaled and with PI, NTK and YaRN at the same factor (original length
+  L), and each pair's factor theta_default / theta_scaled: the pairs each
+  scaling changes (1 = unchanged);
+* ``<prefix>position_loss.png``: loss and token accuracy per position at
+  factor x L on the evaluation split: for synthetic tasks per answer token
+  (index 0 = the first), marking how many answer tokens a training-length
+  example has; for text per position, marking the training length. Where
+  extrapolation breaks;
+* ``<prefix>analysis.json``: the numbers behind every figure.
+
+Attention weights are read with the model's own attention function by
+attending over one-hot values (head_dim keys per call): the output of query
+i is then its weight row. The model never materialises weights itself (blocked attention
+keeps running sums only). Encodings with a relative value term (Shaw) add
+more than the weights to the output; their attention figure is skipped.
+Models with randomized positions are analysed with positions drawn as at
+evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+
+from posenc.experiments import analyze_plots as plots
+
+SCALINGS = (("default", "unscaled"), ("linear", "PI"), ("ntk", "NTK"), ("yarn", "YaRN"))
+
+
+# ------------------------------------------------------------------ loading
+def load(workdir: str):
+    """``(resolved, model)`` of the run in ``workdir``: its config and its newest checkpoint's parameters."""
+    from flax import nnx
+
+    from posenc.model import Decoder
+    from posenc.training import finetune
+
+    run = finetune.load_run(workdir, finished=False)  # the same errors: no config.json, no checkpoint
+    model = Decoder(run.resolved.spec, rngs=nnx.Rngs(0))
+    nnx.update(model, run.params)
+    return run.resolved, model
+
+
+def eval_batch(resolved, length: int, batch_size: int, seed: int):
+    """``(inputs, targets, mask, positions)`` of evaluation examples at ``length`` (positions None: 0..L-1)."""
+    import jax
+
+    from posenc.training import step
+
+    data_key, pos_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), length))
+    batch = resolved.task.batch(data_key, batch_size, length, split="eval")
+    positions = step.positions_for(resolved.config, pos_key, batch_size, length)
+    return batch["inputs"], batch["targets"], batch["mask"], positions
+
+
+# ---------------------------------------------------------------- attention
+@contextlib.contextmanager
+def _recording(weights: list):
+    """Within the block, every attention call also appends its weights [B, H, Lq, Lk] to ``weights``."""
+    import jax.numpy as jnp
+
+    from posenc.model import attention as attn_lib
+
+    original = attn_lib.attention
+
+    def recorded(q, k, v, q_positions, k_positions, encoding, **kw):
+        # One-hot values, head_dim keys at a time (every attention path takes values as wide as q).
+        lk, width = k.shape[1], v.shape[-1]
+        quiet = dict(kw, return_stats=False)
+        parts = []
+        for start in range(0, lk, width):
+            eye = jnp.eye(lk, width, k=-start, dtype=q.dtype)  # column c: key start + c
+            onehot = jnp.broadcast_to(eye[None, :, None, :], (v.shape[0], lk, v.shape[2], width))
+            parts.append(original(q, k, onehot, q_positions, k_positions, encoding, **quiet))
+        w = jnp.concatenate(parts, axis=-1)[..., :lk].astype(jnp.float32)  # [B, Lq, H, Lk]
+        weights.append(jnp.swapaxes(w, 1, 2))  # [B, H, Lq, Lk]
+        return original(q, k, v, q_positions, k_positions, encoding, **kw)
+
+    attn_lib.attention = recorded
+    try:
+        yield weights
+    finally:
+        attn_lib.attention = original
+
+
+def attention_weights(model, tokens, positions=None) -> list:
+    """Per layer, the attention weights [B, H, L, L] (numpy) of the full forward pass over ``tokens``."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit  # one compiled program instead of an op-by-op forward (the recorder runs while tracing)
+    def forward(state, tokens, positions):
+        with _recording([]) as weights:
+            nnx.merge(graphdef, state)(tokens, positions)
+        return weights
+
+    return [np.asarray(w) for w in forward(state, tokens, positions)]
+
+
+def attention_profile(weights) -> dict:
+    """Per layer, entropy and mean distance i - j against the query index i (means over batch, heads)."""
+    import numpy as np
+
+    out = {"entropy": [], "distance": []}
+    for w in weights:
+        length = w.shape[-1]
+        safe = np.where(w > 0, w, 1.0)
+        ent = -(np.where(w > 0, w * np.log(safe), 0.0)).sum(-1)  # [B, H, Lq]
+        gap = np.arange(length)[:, None] - np.arange(length)[None, :]  # i - j
+        dist = (w * np.maximum(gap, 0)).sum(-1)
+        out["entropy"].append(ent.mean((0, 1)).tolist())
+        out["distance"].append(dist.mean((0, 1)).tolist())
+    return out
+
+
+# --------------------------------------------------------------- bias curves
+def bias_curves(model, query_positions) -> list[dict]:
+    """Per layer with a position bias: ``{"layer", "kind", "curves": {query position: [H, distances]}}``."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    out = []
+    for i, block in enumerate(model.blocks):
+        enc = block.attn.encoding
+        if "logits" not in type(enc).attach_points():
+            continue
+        curves = {}
+        for qp in query_positions:
+            b = enc.bias(jnp.asarray([[qp]], jnp.int32), jnp.arange(qp + 1, dtype=jnp.int32)[None])
+            if b is None:
+                break
+            curves[int(qp)] = np.asarray(b, np.float32)[0, :, 0, ::-1].tolist()  # distance 0..qp
+        if curves:
+            out.append({"layer": i, "kind": type(enc).name, "curves": curves})
+    return out
+
+
+def rope_wavelengths(resolved, factor: int) -> dict | None:
+    """Wavelength per rotary pair, unscaled and with PI / NTK / YaRN at ``factor`` (None: no RoPE layer)."""
+    import numpy as np
+
+    from posenc import rope, rope_scaling
+
+    spec = resolved.spec
+    if "rope" not in spec.position.kinds:
+        return None
+    opts = spec.position.options["rope"]
+    d = rope.rotary_dim(spec.head_dim, opts["rotary_fraction"])
+    length = int(resolved.config.task.train_length)
+    out = {"train_length": length, "factor": factor, "rotary_dim": d, "base": float(opts["base"]),
+           "run_scaling": opts["scaling"], "wavelength": {}, "pair_factor": {}}
+    default = None
+    for kind, name in SCALINGS:
+        kw = {} if kind == "default" else {"factor": float(factor)}
+        if kind in rope_scaling.NEEDS_ORIGINAL_LENGTH:
+            kw["original_length"] = length
+        inv, _ = rope.frequencies(kind, d, base=float(opts["base"]), **kw)
+        inv = np.asarray(inv, np.float64)
+        default = inv if default is None else default
+        out["wavelength"][name] = (2 * math.pi / inv).tolist()
+        out["pair_factor"][name] = (default / inv).tolist()
+    return out
+
+
+# ------------------------------------------------------------ position loss
+def position_metrics(model, inputs, targets, mask, positions=None) -> dict:
+    """Mean loss and token accuracy per position over the masked tokens (None where nothing is masked)."""
+    import jax
+    import numpy as np
+
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, inputs, positions):
+        logits = nnx.merge(graphdef, state)(inputs, positions)
+        return logits, jax.nn.log_softmax(logits, axis=-1)
+
+    logits, logp = (np.asarray(x, np.float32) for x in forward(state, inputs, positions))
+    t = np.asarray(targets)
+    m = np.asarray(mask, np.float32)
+    ce = -np.take_along_axis(logp, t[..., None], axis=-1)[..., 0]
+    right = (logits.argmax(-1) == t).astype(np.float32)
+    count = m.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = np.where(count > 0, (ce * m).sum(0) / count, np.nan)
+        acc = np.where(count > 0, (right * m).sum(0) / count, np.nan)
+    as_list = lambda a: [None if math.isnan(x) else float(x) for x in a]  # noqa: E731
+    return {"loss": as_list(loss), "accuracy": as_list(acc), "count": count.astype(int).tolist()}
+
+
+# --------------------------------------------------------------------- run
+def analyze(workdir: str, out: str | None = None, *, prefix: str = "", factor: int = 4,
+            batch_size: int = 16, seed: int = 1234) -> dict:
+    """Write the figures and ``analysis.json`` of the module docstring; returns ``{name: path}``."""
+    from posenc.training import evaluate
+
+    resolved, model = load(workdir)
+    out = out or os.path.join(workdir, "analysis")
+    os.makedirs(out, exist_ok=True)
+    length = int(resolved.config.task.train_length)
+    long = factor * length
+    name = lambda n: os.path.join(out, f"{prefix}{n}")  # noqa: E731
+    written, numbers = {}, {"workdir": os.path.abspath(workdir), "train_length": length, "long_length": long}
+    lengths = [n for n in (length, long) if evaluate.not_applicable(resolved.config, resolved.spec, n) is None]
+    numbers["lengths"] = lengths
+    batches = {n: eval_batch(resolved, n, batch_size, seed) for n in lengths}
+
+    if any(b.attn.encoding.has_values for b in model.blocks):
+        numbers["attention"] = "skipped: a relative value term adds more than the weights to the output"
+    elif lengths:
+        profiles = {n: attention_profile(attention_weights(model, batches[n][0], batches[n][3])) for n in lengths}
+        numbers["attention"] = {str(n): p for n, p in profiles.items()}
+        written["attention"] = plots.plot_attention(profiles, resolved, name("attention.png"))
+
+    curves = bias_curves(model, sorted({length - 1, long - 1}))
+    if curves:
+        numbers["bias_curves"] = curves
+        written["bias_curves"] = plots.plot_bias(curves, resolved.spec.num_heads, resolved, name("bias_curves.png"))
+
+    waves = rope_wavelengths(resolved, factor)
+    if waves is not None:
+        numbers["rope_wavelengths"] = waves
+        written["rope_wavelengths"] = plots.plot_rope(waves, resolved, name("rope_wavelengths.png"))
+
+    if long in batches:
+        m = position_metrics(model, *batches[long])
+        if resolved.config.task.name != "text":  # answers: index them from their first token
+            import numpy as np
+
+            answered = lambda mask: np.flatnonzero(np.asarray(mask).sum(0) > 0)  # noqa: E731
+            m["first_answer_position"] = int(answered(batches[long][2])[0])
+            if length in batches:
+                m["train_answer_tokens"] = int(len(answered(batches[length][2])))
+        numbers["position_loss"] = dict(m, length=long)
+        written["position_loss"] = plots.plot_position_loss(m, long, resolved, name("position_loss.png"))
+    else:
+        numbers["position_loss"] = evaluate.not_applicable(resolved.config, resolved.spec, long)
+
+    from posenc import files
+
+    written["analysis"] = name("analysis.json")
+    files.atomic_write(written["analysis"], json.dumps(numbers, indent=1))
+    return written

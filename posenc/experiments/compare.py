@@ -1,0 +1,111 @@
+"""The compare study: tasks x encodings x placements x norms x seeds, trained then evaluated by length.
+
+Each grid point is ``base`` with the point's fields set: a grid entry is a
+field value (``task.name``, ``model.position.kind``, ``model.norm.placement``,
+``model.norm.kind``, ``train.seed``) or the name of a ``variants`` entry (a
+dict of dotted fields). Its run trains in ``WORKDIR/runs/<task>_<position>_<norm>-<placement>_s<seed>/``;
+with ``grid.vmap_seeds`` the seeds of a cell train together in one vmapped
+step (:mod:`posenc.training.multiseed`; the same files and rows).
+
+Rows: every row of each run (one per evaluation length, variant and sweep
+point; :mod:`posenc.experiments.rows`) with ``variant`` (the positions
+entry) and ``run``. Report: ``table.md`` (per task, mean and 95% t-interval
+over seeds per length), ``aggregate.md`` (OOD accuracy per task x
+encoding), ``plots/`` (:mod:`~posenc.experiments.compare_plots`) and, when
+``findings`` is set, ``findings.md`` (:mod:`~posenc.experiments.findings`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+from posenc import checks
+from posenc.config.schema import Field, Free, Section, Sub
+from posenc.experiments import compare_plots, compare_report, engine, findings, grid, tables
+from posenc.model import options as o
+from posenc.training.schema import Run
+
+# grid axis -> the field a plain entry sets
+AXES = {"tasks": "task.name", "positions": "model.position.kind", "placements": "model.norm.placement",
+        "norms": "model.norm.kind", "seeds": "train.seed"}
+
+
+def _entries(name, value) -> tuple:
+    if not isinstance(value, (tuple, list)) or not value:
+        raise ValueError(f"{name} must be a non-empty tuple of grid entries; got {value!r}")
+    return tuple(value)
+
+
+class Grid(Section):
+    """grid: the axes of the comparison (each entry a field value or a `variants` name)."""
+
+    tasks = Field(("copy",), _entries, "task.name values or variant names", type=tuple)
+    positions = Field(("rope",), _entries, "model.position.kind values or variant names", type=tuple)
+    placements = Field(("pre",), _entries, "model.norm.placement values or variant names", type=tuple)
+    norms = Field(("rms",), _entries, "model.norm.kind values or variant names", type=tuple)
+    seeds = Field((0,), _entries, "train.seed values", type=tuple)
+    vmap_seeds = Field(False, o.boolean, "the seeds of a cell train together in one vmapped step (one device)")
+
+
+class CompareConfig(Section):
+    """A comparison grid: the base run, named variants (dicts of dotted fields) and the grid axes."""
+
+    name = Field("", doc="the grid's name (configs/compare.py:ARG)")
+    base = Sub(Run, "the run every grid point starts from (configs/default.py fields)")
+    variants = Free("name -> dotted fields set by a grid entry of that name", dotted=True)
+    grid = Sub(Grid)
+    findings = Field("", o.one_of(*findings.KINDS), "findings.md written after the report: randomized | "
+                                                    "interaction ('' = none)")
+
+
+class Compare(engine.Study):
+    name = "compare"
+    schema = CompareConfig
+    row_fields = {"variant": "the grid's positions entry (an encoding or a variant name)",
+                  "run": "the run's directory name under runs/"}
+
+    def points(self, config):
+        g, variants = config.grid, overrides_of(config)
+        points = []
+        for entries in itertools.product(*(g[a] for a in AXES)):
+            sets = []
+            for axis, entry in zip(AXES, entries):
+                fields = variants.get(entry) if isinstance(entry, str) and entry in variants else {
+                    AXES[axis]: entry}
+                sets.append((f"grid.{axis} entry {entry!r}", fields))
+            task, position, placement, norm, seed = entries
+            name = f"{task}_{position}_{norm}-{placement}_s{seed}"
+            run = grid.run_config(config.base, sets, name=name)
+            vmap = checks.boolean("grid.vmap_seeds", g.vmap_seeds) and grid.vmappable(run)
+            points.append(engine.Point(name=name, fields={"variant": str(position)}, run=run,
+                                       group=grid.cell_key(run) if vmap else None))
+        return points
+
+    def run(self, points, ctx):
+        return [[dict(r, variant=p.fields["variant"], run=p.name) for r in rows]
+                for p, rows in zip(points, grid.train(points, ctx))]
+
+    def report(self, rows, ctx):
+        return write_report(rows, ctx.workdir, include_unfitted=bool(ctx.options.get("include_unfitted")),
+                            findings_kind=ctx.config.get("findings", ""), notes=tables.missing_note(ctx))
+
+
+def overrides_of(config) -> dict:
+    """``{variant name: {dotted field: value}}`` of a grid config."""
+    from posenc.config import overrides
+
+    return {k: overrides.as_dict(v) for k, v in overrides.as_dict(config.variants).items()}
+
+
+def write_report(rows, workdir: str, *, include_unfitted: bool = False, findings_kind: str = "",
+                 notes=()) -> list[str]:
+    """``table.md``, ``aggregate.md`` (if any task has OOD accuracy), ``plots/*.png`` and the findings."""
+    paths = [os.path.join(workdir, "table.md")]
+    tables.write(paths[0], "\n".join(notes) + compare_report.table_markdown(rows,
+                                                                            include_unfitted=include_unfitted))
+    if compare_report.write_aggregate(rows, os.path.join(workdir, "aggregate.md"),
+                                      include_unfitted=include_unfitted):
+        paths.append(os.path.join(workdir, "aggregate.md"))
+    paths += compare_plots.write_plots(rows, os.path.join(workdir, "plots"), include_unfitted=include_unfitted)
+    return paths + findings.write(findings_kind, rows, workdir, include_unfitted)

@@ -1,0 +1,384 @@
+"""The extend study: every RoPE context-extension method, zero-shot and after each fine-tuning budget.
+
+For each seed a base RoPE model is trained at length L (point ``base_s<seed>``;
+or ``base_run``, a finished run, is read). For each factor s: LongRoPE
+factors searched on the base model (``longrope_x<s>_s<seed>``,
+:mod:`posenc.training.longrope`), one zero-shot evaluation of the base
+parameters at L and s L with every method as an evaluation variant
+(``zero_shot_x<s>_s<seed>``), and per method a fine-tune at s L from the base
+checkpoint for each budget (``finetune_<method>_x<s>_s<seed>``,
+:mod:`posenc.training.finetune`; with a constant learning rate a budget
+continues the next shorter one, which equals training it from the base).
+Passkey retrieval is scored at target lengths >= ``passkey_min_length``.
+
+Rows: one per method, factor, budget, task and eval length (fields in
+:data:`Extend.row_fields`). Report: ``table.md`` and the plots of
+:mod:`~posenc.experiments.extend_report`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import logging
+
+from posenc import checks
+from posenc.config import overrides
+from posenc.config.schema import ConfigError, Field, Section, Sub
+from posenc.experiments import engine, extend_report, tables
+from posenc.model import options as o
+from posenc.training.schema import Run
+
+# method -> (posenc.rope scaling kind, extra model.position.rope fields)
+METHODS = {
+    "default": ("default", {}),
+    "linear": ("linear", {}),
+    "ntk": ("ntk", {}),
+    "dynamic": ("dynamic", {}),  # factor 1: s = n / L at the current length n (emozilla)
+    "yarn": ("yarn", {}),  # temperature "paper": sqrt(1/t) = 0.1 ln s + 1
+    "yarn_quadratic": ("yarn", {"temperature": "quadratic"}),  # t = 1 + 0.1 ln s + 0.07 ln^2 s
+    "dynamic_yarn": ("dynamic_yarn", {}),
+    "longrope": ("longrope", {}),  # factors searched on the base model
+    "llama3": ("llama3", {}),
+}
+_ADAPTIVE = ("dynamic",)  # the scale follows the current length: no fixed factor
+PASSKEY_EVAL = dict(batch_size=8, num_batches=4)  # 32 keys per target length
+
+
+def _methods(name, value):
+    if not isinstance(value, (tuple, list)) or not value:
+        raise ValueError(f"{name} must be a non-empty tuple of methods ({', '.join(METHODS)})")
+    return tuple(checks.choice(f"{name} entry", m, METHODS) for m in value)
+
+
+def _nonempty(check):
+    def wrapped(name, value):
+        if not isinstance(value, (tuple, list)) or not value:
+            raise ValueError(f"{name} must be a non-empty tuple; got {value!r}")
+        return tuple(check(f"{name} entry", v) for v in value)
+
+    return wrapped
+
+
+def _budgets(name, value):
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of step counts; got {value!r}")
+    return tuple(checks.integer(f"{name} entry", n, minimum=0) for n in value)
+
+
+class Finetune(Section):
+    """finetune: train.* fields of the fine-tunes."""
+
+    learning_rate = Field(3e-4, o.positive, "fine-tuning learning rate")
+    warmup_steps = Field(10, o.nonnegative_int, "warmup steps")
+    min_lr_ratio = Field(1.0, lambda n, v: checks.number(n, v, minimum=0.0, maximum=1.0),
+                         "1: constant after warmup (a longer budget then continues a shorter one)")
+    weight_decay = Field(0.0, o.nonnegative, "weight decay")
+    batch_size = Field(0, o.nonnegative_int, "0: the base's tokens per step (base batch * L / (s L))")
+    log_every = Field(10, o.positive_int, "steps between log rows")
+    checkpoint_every = Field(1000, o.positive_int, "steps between checkpoints")
+
+
+class Search(Section):
+    """search: the LongRoPE search (posenc.rope_search.search options)."""
+
+    batch_size = Field(4, o.positive_int, "windows of training data at s L scoring each candidate")
+    short = Field(False, o.boolean, "also search short_factor at L")
+    population_size = Field(16, o.positive_int, "candidates per generation")
+    parents_size = Field(8, o.positive_int, "parents kept per generation")
+    mutation_numbers = Field(4, o.positive_int, "mutations per generation")
+    crossover_size = Field(4, o.positive_int, "crossovers per generation")
+    iterations = Field(10, o.positive_int, "generations")
+
+
+class ExtendConfig(Section):
+    """The extension study: a base RoPE run, methods, factors, budgets, passkey and the LongRoPE search."""
+
+    name = Field("", doc="the study's name (configs/extend.py:ARG)")
+    base = Sub(Run, "the base run's config (configs/default.py fields)")
+    base_run = Field("", doc="a finished run's workdir to extend instead of training base (RoPE without "
+                             "scaling; its own seed)")
+    seeds = Field((0,), _nonempty(lambda n, v: checks.integer(n, v, minimum=0)), "train.seed of each base run",
+                  type=tuple)
+    methods = Field(tuple(METHODS), _methods, "methods of METHODS", type=tuple)
+    factors = Field((2,), _nonempty(lambda n, v: checks.number(n, v, minimum=1.0)),
+                    "s: each method extends L to s L", type=tuple)
+    finetune_steps = Field((0,), _budgets, "fine-tuning budgets (0 = zero-shot only)", type=tuple)
+    finetune = Sub(Finetune)
+    passkey_min_length = Field(0, o.nonnegative_int, "passkey at target lengths >= this (0: never)")
+    search = Sub(Search)
+
+    @classmethod
+    def check(cls, values, prefix):
+        length = int(values["base"]["task"]["train_length"])
+        for s in values["factors"]:
+            if float(s) * length % 1:
+                raise ValueError(f"factors entry {s} times the training length {length} is not an integer")
+
+
+def method_fields(method: str, factor: float, original_length: int, longrope=None) -> dict:
+    """The ``model.position.rope.*`` fields of ``method`` at factor s (``longrope``: a factor file)."""
+    from posenc import rope_scaling
+    from posenc.training import longrope as longrope_lib
+
+    if method == "longrope":
+        if longrope is None:
+            raise ValueError("method 'longrope' needs searched factors")
+        return longrope_lib.rope_fields(longrope)
+    scaling, extra = METHODS[method]
+    used = rope_scaling.KEYWORDS[scaling]
+    fields = {"model.position.rope.scaling": scaling}
+    if "factor" in used and method not in _ADAPTIVE:
+        fields["model.position.rope.factor"] = float(factor)
+    if "original_length" in used:
+        fields["model.position.rope.original_length"] = int(original_length)
+    fields.update({f"model.position.rope.{k}": v for k, v in extra.items()})
+    return fields
+
+
+def _placeholder_longrope(config, factor) -> dict:
+    """The YaRN factors the search starts from: a stand-in for validating a LongRoPE fine-tune."""
+    from posenc import rope, rope_search
+
+    m = config.model
+    rotary = rope.rotary_dim(m.head_dim or m.d_model // m.num_heads, m.position.rope.rotary_fraction)
+    start = rope_search.seed_factors(rotary, factor=float(factor), original_length=int(config.task.train_length))
+    return {"short_factor": [1.0] * len(start["yarn"]), "long_factor": [float(v) for v in start["yarn"]],
+            "factor": float(factor), "original_length": int(config.task.train_length)}
+
+
+def _base_config(config):
+    """``copy`` of a run config without evaluation variants."""
+    from posenc.training import setup
+
+    c = setup.plain_copy(config)
+    c.eval.variants = overrides.fields({})
+    return c
+
+
+def zero_shot_config(base_config, fields: dict, target: int):
+    """The base config evaluated at (L, target) with every method as an evaluation variant."""
+    c = _base_config(base_config)
+    c.eval.lengths = (int(c.task.train_length), int(target))
+    c.eval.variants = overrides.fields({m: f for m, f in fields.items() if m != "default"})
+    return c
+
+
+def finetune_config(config, base_config, fields: dict, target: int, steps: int):
+    """The fine-tune of the base at length ``target`` with ``fields``, for ``steps`` steps."""
+    c = _base_config(base_config)
+    length = int(c.task.train_length)
+    overrides.apply(c, fields, schema=Run, where="method")
+    ft = config.finetune
+    batch = int(ft.batch_size) or max(1, int(c.train.batch_size) * length // int(target))
+    c.task.train_length = int(target)
+    c.train.update(steps=int(steps), batch_size=batch, learning_rate=float(ft.learning_rate),
+                   warmup_steps=min(int(ft.warmup_steps), int(steps)),
+                   min_lr_ratio=float(ft.min_lr_ratio), weight_decay=float(ft.weight_decay),
+                   log_every=min(int(ft.log_every), int(steps)),
+                   checkpoint_every=int(ft.checkpoint_every), fit_accuracy=0.0, progress=False)
+    c.eval.lengths = (length, int(target))
+    return c
+
+
+_KEEP = ("eval_length", "loss", "accuracy", "exact_match", "perplexity", "loss_last_L",
+         "finetune_steps", "finetune_tokens", "diverged_at_step", "not_applicable", "train_seconds")
+
+
+def study_row(row: dict, *, method: str, factor: float, seed: int, length: int, target: int,
+              task: str, run: str) -> dict:
+    """A results row of the study: the run's metrics with the study's identity."""
+    out = {k: row.get(k) for k in _KEEP}
+    out.update(method=method, factor=float(factor), seed=int(seed), train_length=int(length),
+               target_length=int(target), task=task, run=run)
+    out["finetune_steps"] = int(row.get("finetune_steps") or 0)
+    out["finetune_tokens"] = int(row.get("finetune_tokens") or 0)
+    return out
+
+
+def _resolve(config, where: str):
+    from posenc.training import setup
+
+    try:
+        return setup.resolve(config)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+class Extend(engine.Study):
+    name = "extend"
+    schema = ExtendConfig
+    row_fields = {"method": "the extension method (experiments METHODS)", "factor": "s: target = s L",
+                  "target_length": "s L", "finetune_steps": "fine-tuning budget (0: zero-shot)",
+                  "finetune_tokens": "tokens seen in fine-tuning", "run": "the point that produced the row"}
+
+    def points(self, config):
+        from posenc.training import finetune, setup
+
+        bases = []
+        if config.base_run:
+            base = finetune.load_run(config.base_run)
+            bases.append((int(base.resolved.config.train.seed), base.resolved, None))
+        else:
+            for seed in config.seeds:
+                c = setup.plain_copy(config.base)
+                c.train.seed = int(seed)
+                bases.append((int(seed), _resolve(c, f"base of seed {seed}"), c))
+        points = []
+        for seed, resolved, base_cfg in bases:
+            pos = resolved.spec.position
+            if set(pos.layer_kinds) != {"rope"} or pos.options["rope"]["scaling"] != "default":
+                raise ConfigError(f"the base run must be RoPE without scaling in every layer; it has "
+                                  f"layers {sorted(set(pos.layer_kinds))}")
+            base_name = f"base_s{seed}"
+            points.append(engine.Point(base_name, {"seed": seed}, run=resolved if base_cfg is not None else None))
+            length = int(resolved.config.task.train_length)
+            for factor in config.factors:
+                target = int(round(float(factor) * length))
+                tag = f"x{factor:g}_s{seed}"
+                deps = (base_name,)
+                if "longrope" in config.methods:
+                    points.append(engine.Point(f"longrope_{tag}", {"seed": seed, "factor": float(factor)},
+                                               after=deps))
+                    deps = (base_name, f"longrope_{tag}")
+                stand_in = _placeholder_longrope(resolved.config, factor)
+                fields = {m: method_fields(m, factor, length, stand_in) for m in config.methods}
+                _resolve(zero_shot_config(resolved.config, fields, target), f"zero_shot_{tag}")
+                common = dict(seed=seed, factor=float(factor), length=length, target=target)
+                points.append(engine.Point(f"zero_shot_{tag}", common, after=deps))
+                for method in config.methods:
+                    for steps in sorted({int(n) for n in config.finetune_steps if int(n) > 0}):
+                        _resolve(finetune_config(config, resolved.config, fields[method], target, steps),
+                                 f"finetune_{method}_{tag}_n{steps}")
+                    points.append(engine.Point(f"finetune_{method}_{tag}", dict(common, method=method),
+                                               after=deps if method == "longrope" else (base_name,)))
+        return points
+
+    # ------------------------------------------------------------------ running
+    def run(self, points, ctx):
+        return [self._run_one(p, ctx) for p in points]
+
+    def _base(self, ctx, seed: int):
+        from posenc.training import finetune
+
+        return finetune.load_run(ctx.config.base_run or ctx.run_dir(f"base_s{seed}"))
+
+    def _run_one(self, point, ctx) -> list[dict]:
+        from posenc.training import loop, step
+
+        name = point.name
+        if name.startswith("base_"):
+            if point.run is not None:
+                loop.run(point.run, ctx.run_dir(point), name=name)
+            return []
+        base = self._base(ctx, point.fields["seed"])
+        if name.startswith("longrope_"):
+            self._search(ctx, point, base)
+            return []
+        rows = self._zero_shot(ctx, point, base) if name.startswith("zero_shot_") else self._finetunes(
+            ctx, point, base)
+        step.clear_cache()  # every budget compiled its own step: free them
+        return rows
+
+    def _fields(self, ctx, point, base) -> dict:
+        from posenc import rope_search
+
+        f, length = point.fields["factor"], point.fields["length"]
+        found = None
+        if "longrope" in ctx.config.methods:
+            found = rope_search.read_json(os.path.join(ctx.run_dir(f"longrope_x{f:g}_s{point.fields['seed']}"),
+                                                       "factors.json"))
+        return {m: method_fields(m, f, length, found) for m in ctx.config.methods}
+
+    def _search(self, ctx, point, base) -> None:
+        from posenc.training import finetune, longrope
+
+        path = os.path.join(ctx.run_dir(point), "factors.json")
+        if os.path.exists(path):
+            return
+        s = ctx.config.search.to_dict()
+        t0, factor = time.time(), point.fields["factor"]
+        target = int(round(factor * int(base.resolved.config.task.train_length)))
+        model = finetune.model_with(base.params, base.resolved.spec)
+        found = longrope.search(model, base.resolved, factor=float(factor), target_length=target,
+                                short=bool(s.pop("short")), batch_size=int(s.pop("batch_size")),
+                                seed=int(base.resolved.config.train.seed), path=path, **s)
+        logging.info("LongRoPE x%g: perplexity %.3f (seeds %s) in %.0fs", factor,
+                     found["search"]["long"]["fitness"], found["search"]["long"]["seeds"], time.time() - t0)
+
+    def _passkey(self, params, resolved, spec, target: int, path: str, key: str) -> list[dict]:
+        """Passkey rows at ``target`` (cached in ``path`` under ``key``: a point resumes without redoing them)."""
+        from posenc import files
+        from posenc.training import finetune
+
+        cached = [r for r in files.read_jsonl(path) if r.get("cache_key") == key]
+        if cached:
+            return cached
+        rows = [dict(r, cache_key=key) for r in finetune.evaluate_on(
+            params, resolved, "passkey", [target], spec=spec, eval_fields=PASSKEY_EVAL)]
+        files.write_jsonl(path, [r for r in files.read_jsonl(path) if r.get("cache_key") != key] + rows)
+        return rows
+
+    def _wants_passkey(self, ctx, target: int) -> bool:
+        return bool(ctx.config.passkey_min_length) and target >= int(ctx.config.passkey_min_length)
+
+    def _zero_shot(self, ctx, point, base) -> list[dict]:
+        from posenc.training import finetune, setup
+
+        p = point.fields
+        fields = self._fields(ctx, point, base)
+        zero = setup.resolve(zero_shot_config(base.resolved.config, fields, p["target"]))
+        ident = dict(factor=p["factor"], seed=p["seed"], length=p["length"], target=p["target"], run=point.name)
+        d, rows = ctx.run_dir(point), []
+        for r in finetune.evaluate_params(base, zero, d, name=point.name):
+            method = r.get("eval_variant") or "default"
+            if method in ctx.config.methods:
+                rows.append(study_row(r, method=method, task="text", **ident))
+        for method in ctx.config.methods if self._wants_passkey(ctx, p["target"]) else ():
+            spec = zero.spec if method == "default" else zero.eval_variants[method][1]
+            rows += [study_row(r, method=method, task="passkey", **ident) for r in self._passkey(
+                base.params, zero, spec, p["target"], os.path.join(d, "passkey.jsonl"), f"{zero.hash}:{method}")]
+        return rows
+
+    def _finetunes(self, ctx, point, base) -> list[dict]:
+        """Every budget of one method and factor: fine-tune, evaluate, passkey."""
+        from posenc.training import finetune, finish, loop, setup
+
+        p, method = point.fields, point.fields["method"]
+        fields = self._fields(ctx, point, base)[method]
+        rows, previous = [], None  # previous: (workdir, resolved) of the last finished budget
+        ident = dict(method=method, factor=p["factor"], seed=p["seed"], length=p["length"], target=p["target"])
+        for steps in sorted({int(n) for n in ctx.config.finetune_steps if int(n) > 0}):
+            name = f"{point.name}_n{steps}"
+            d = os.path.join(ctx.run_dir(point), f"n{steps}")
+            resolved = setup.resolve(finetune_config(ctx.config, base.resolved.config, fields, p["target"], steps))
+            start = None
+            if previous is not None:
+                try:  # continue the shorter budget where that equals starting from the base
+                    finetune.check_continuable(previous[1], resolved)
+                    start = previous[0]
+                except ValueError:
+                    start = None
+            try:
+                run_rows = finetune.finetune(base, resolved, d, name=name, continue_from=start,
+                                             row_fields=dict(method=method, factor=float(p["factor"])))
+                previous = (d, resolved)
+            except loop.NonFiniteError as e:
+                logging.warning("%s diverged: %s", name, e)
+                run_rows = [dict(r, finetune_steps=steps, finetune_tokens=0)
+                            for r in finish.record_divergence(resolved, d, e, name=name)]
+                previous = None
+            rows += [study_row(r, task=r["task"], run=name, **ident) for r in run_rows]
+            if self._wants_passkey(ctx, p["target"]) and previous is not None:
+                trained = finetune.load_run(d)
+                rows += [study_row(dict(r, finetune_steps=steps, finetune_tokens=run_rows[0]["finetune_tokens"]),
+                                   task="passkey", run=name, **ident)
+                         for r in self._passkey(trained.params, resolved, resolved.spec, p["target"],
+                                                os.path.join(d, "passkey.jsonl"), resolved.hash)]
+        return rows
+
+    def report(self, rows, ctx):
+        path = os.path.join(ctx.workdir, "table.md")
+        tables.write(path, "\n".join(tables.missing_note(ctx)) + extend_report.table_markdown(rows))
+        return [path] + extend_report.write_plots(rows, os.path.join(ctx.workdir, "plots"))

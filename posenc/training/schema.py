@@ -1,0 +1,156 @@
+"""The run config, declared once: ``task``, ``model``, ``train``, ``eval`` and ``mesh``.
+
+Each field is declared with its default, its check and a line of
+documentation (:mod:`posenc.config.schema`); :func:`run_config` is the
+ConfigDict of defaults every config file starts from, :func:`validate`
+checks a config however it was built (command line, a config file that
+unlocks and adds a field, code), and :func:`field_rows` feeds the field
+table of the documentation. ``task.options`` holds the chosen task's own
+options (the keyword parameters of its class, :func:`posenc.tasks.spec`);
+``eval.variants`` maps a name to dotted ``model.*`` fields.
+"""
+
+from __future__ import annotations
+
+import math
+
+from posenc import checks
+from posenc.config.schema import Field, Free, Section, Sub
+from posenc.model import options as o
+from posenc.model.config import Model
+
+
+def _rate(name, value) -> float:
+    if not (checks.is_real(value) and math.isfinite(value) and value > 0):  # bool, None, inf: not a rate
+        raise ValueError(f"{name} must be > 0 (a finite number), got {value!r}")
+    return float(value)
+
+
+def _unit(name, value) -> float:
+    return checks.number(name, value, minimum=0.0, maximum=1.0)
+
+
+def _beta(name, value) -> float:
+    return checks.number(name, value, minimum=0.0, below=1.0)
+
+
+def _lengths(name, value) -> tuple[int, ...]:
+    lengths = tuple(value) if isinstance(value, (tuple, list)) else value
+    if not isinstance(lengths, tuple) or not lengths or not all(checks.is_int(n) and n >= 1 for n in lengths):
+        raise ValueError(f"{name} must be a non-empty tuple of positive integers, got {lengths!r}")
+    return tuple(int(n) for n in lengths)
+
+
+def _task_name(name, value) -> str:
+    from posenc import tasks
+
+    if not isinstance(value, str) or value not in tasks.TASKS:
+        raise ValueError(f"{name}: unknown task {value!r}; choose one of: {', '.join(tasks.TASKS)}")
+    return value
+
+
+def _mesh_data(name, value) -> int:
+    if not checks.is_int(value) or not (value == -1 or value >= 1):
+        raise ValueError(f"{name} must be -1 (all devices) or a positive integer, got {value!r}")
+    return int(value)
+
+
+class Task(Section):
+    """task: what the model learns and at which length."""
+
+    name = Field("copy", _task_name, "any task of posenc.tasks.TASKS")
+    train_length = Field(32, o.positive_int, "training sequence length (tokens)")
+    min_size = Field(0, o.nonnegative_int, "smallest training problem size (0: the task's smallest)")
+    seed = Field(0, o.nonnegative_int, "folded into the data keys (another data stream, same init)")
+    options = Free("the task's own options (keyword options of posenc.tasks.make, e.g. text: path, "
+                   "tokens, max_bytes)")
+
+
+class Train(Section):
+    """train: AdamW with warmup + cosine, clipping, fit-then-extrapolate, bookkeeping."""
+
+    steps = Field(5000, o.positive_int, "training steps (the most, with fit_accuracy)")
+    batch_size = Field(32, o.positive_int, "examples per step")
+    learning_rate = Field(1e-3, _rate, "peak learning rate")
+    warmup_steps = Field(200, o.nonnegative_int, "linear warmup steps, then cosine decay")
+    min_lr_ratio = Field(0.1, _unit, "cosine decays to learning_rate * min_lr_ratio")
+    weight_decay = Field(0.1, o.nonnegative, "AdamW weight decay, on matrices only")
+    clip_norm = Field(1.0, o.nonnegative, "global-norm clipping (0 = off)")
+    b1 = Field(0.9, _beta, "Adam beta1")
+    b2 = Field(0.98, _beta, "Adam beta2")
+    eps = Field(1e-9, o.positive, "Adam epsilon")
+    z_loss = Field(0.0, o.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
+    seed = Field(0, o.nonnegative_int, "model init and data keys")
+    fit_accuracy = Field(0.0, _unit, "> 0: stop once validation accuracy at the training length reaches it")
+    fit_check_every = Field(250, o.positive_int, "steps between fit checks (with fit_accuracy > 0)")
+    log_every = Field(250, o.positive_int, "steps between train_log.jsonl rows")
+    checkpoint_every = Field(1000, o.positive_int, "steps between checkpoints")
+    keep_checkpoints = Field(2, o.positive_int, "checkpoints kept")
+    tensorboard = Field(False, o.boolean, "event files in WORKDIR/tensorboard (needs tensorboardX)")
+    progress = Field(True, o.boolean, "progress bar on stderr")
+
+    @classmethod
+    def check(cls, values, prefix):
+        from posenc.training import optim
+
+        optim.learning_rate_schedule(values)  # warmup_steps within steps
+
+
+class Eval(Section):
+    """eval: the lengths, batches and evaluation variants of a run's evaluation."""
+
+    lengths = Field((32, 64, 128, 256), _lengths, "evaluation lengths (a tuple)", type=tuple)
+    batch_size = Field(32, o.positive_int, "examples per evaluation batch")
+    num_batches = Field(4, o.positive_int, "batches per length")
+    seed = Field(1234, o.nonnegative_int, "evaluation data keys")
+    position_buckets = Field(8, o.positive_int, "text: loss over this many position ranges per length")
+    max_tokens_per_step = Field(16384, o.nonnegative_int,
+                                "evaluation memory bound: rows per forward * length (0 = off)")
+    variants = Free("name -> dotted model.* fields: the trained parameters also evaluated with those "
+                    "fields changed (zero-shot context extension); JSON on the command line",
+                    dotted=True)
+
+
+class Mesh(Section):
+    """mesh: the devices a run uses (not part of the config hash)."""
+
+    data = Field(-1, _mesh_data, "data-parallel devices; -1: all; batch sizes must divide by it")
+    fsdp = Field(False, o.boolean, "shard each parameter and its Adam moments over the devices")
+
+
+class Run(Section):
+    """A run: task, model, train, eval, mesh."""
+
+    name = Field("", doc="the run's name (logs only)")
+    task = Sub(Task)
+    model = Sub(Model)
+    train = Sub(Train)
+    eval = Sub(Eval)
+    mesh = Sub(Mesh)
+
+
+def run_config():
+    """The ConfigDict of a run with every default (configs/default.py starts from it)."""
+    return Run.config()
+
+
+def validate(config) -> dict:
+    """Every field of the run ``config`` checked (ConfigError on an unknown one); the clean values."""
+    return Run.validate(config, "")
+
+
+def field_rows() -> list[tuple[str, str, str]]:
+    """``(field, default, doc)`` of every run field; the per-encoding sections are one row each."""
+    from posenc.config import schema
+
+    out = schema.rows(Run, "", skip=("name", "model.position"))
+    out += schema.rows(Model.entries()["position"].section, "model.position",
+                       skip=tuple(f"model.position.{k}" for k in _encoding_sections()))
+    return out
+
+
+def _encoding_sections():
+    from posenc.model import ENCODINGS
+    from posenc.model import options as options_lib
+
+    return [k for k, cls in ENCODINGS.items() if options_lib.options_of(cls)]
