@@ -1,5 +1,7 @@
 """Small models for tests: configs of one encoding kind, specs with the training length filled in."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -93,3 +95,66 @@ def grid_points(config, study="compare"):
     from posenc.experiments import engine
 
     return engine.expand(experiments.study(study), config)[1]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def study_command(study, config, workdir):
+    """The command line of ``python -m experiments.<study>``, with the tests' compile cache."""
+    import sys
+
+    import jax
+
+    cache = jax.config.jax_compilation_cache_dir or ""
+    return [sys.executable, "-m", f"experiments.{study}", f"--config={ROOT}/configs/{study}.py:{config}",
+            f"--workdir={workdir}", f"--jax_cache_dir={cache}"]
+
+
+def kill_during_a_point(command, rng, *, kill=True, timeout=600):
+    """Run ``command``, SIGKILL it a random moment after it starts a random point; what it said.
+
+    Returns ``(killed: bool, stderr lines)``; not killed when it ended before the chosen moment
+    (or ``kill`` is False: the run to the end, which must succeed).
+    """
+    import os
+    import re
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    lines, target, killed = [], None, False
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            m = re.search(r"\] \[(\d+)/(\d+)\] ", line)
+            if m and target is None:
+                target = rng.randint(1, int(m.group(2)))
+            if kill and m and int(m.group(1)) >= (target or 0):
+                time.sleep(rng.uniform(0.0, 1.5))
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    if not kill and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({proc.returncode}):\n" + "".join(lines[-30:]))
+    return killed, lines
+
+
+def leftovers(workdir):
+    """Temporary files and checkpoint directories a killed writer left under ``workdir``."""
+    import os
+
+    from posenc import files
+
+    found = files.stale_temps(workdir)
+    for dirpath, dirnames, _ in os.walk(workdir):
+        found += [os.path.join(dirpath, d) for d in dirnames if "orbax-checkpoint-tmp" in d]
+    return found

@@ -200,3 +200,21 @@ def test_config_args():
         engine.validate(experiments.study("extend"), c)
     with pytest.raises(ValueError, match="unknown configs/extend.py argument"):
         extend_config.get_config("tiny")
+
+
+@pytest.mark.slow
+def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
+    import random
+
+    from helpers import kill_during_a_point, leftovers, study_command
+
+    from posenc.experiments import rows as rows_lib
+
+    _, reference = tiny_study
+    workdir = str(tmp_path / "killed")
+    rng = random.Random(int(os.environ.get("POSENC_KILL_SEED", "0")))
+    killed, said = kill_during_a_point(study_command("extend", "smoke", workdir), rng)
+    assert killed, "".join(said[-20:])
+    kill_during_a_point(study_command("extend", "smoke", workdir), rng, kill=False)
+    assert rows_lib.without_volatile(experiments.load_rows(workdir)) == rows_lib.without_volatile(reference)
+    assert leftovers(workdir) == []

@@ -132,3 +132,21 @@ def test_a_run_no_better_than_its_initialisation_diverged():
     assert not study.is_diverged(2.9, 5.5)
     assert study.is_diverged(5.5, 5.5) and study.is_diverged(47.6, 5.5)  # finite, but no learning
     assert study.is_diverged(None, 5.5) and study.is_diverged(2.9, 5.5, diverged_at_step=3)
+
+
+@pytest.mark.slow
+def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
+    import random
+
+    from helpers import kill_during_a_point, leftovers, study_command
+
+    from posenc.experiments import rows as rows_lib
+
+    _, reference = tiny_study
+    workdir = str(tmp_path / "killed")
+    rng = random.Random(int(os.environ.get("POSENC_KILL_SEED", "0")))
+    killed, said = kill_during_a_point(study_command("stability", "smoke", workdir), rng)
+    assert killed, "".join(said[-20:])
+    kill_during_a_point(study_command("stability", "smoke", workdir), rng, kill=False)
+    assert rows_lib.without_volatile(experiments.load_rows(workdir)) == rows_lib.without_volatile(reference)
+    assert leftovers(workdir) == []

@@ -128,10 +128,9 @@ def _import_studies() -> None:
     import importlib
     import pkgutil
 
-    import posenc.experiments as package
-
-    for m in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{m.name}")
+    package = __name__.rsplit(".", 1)[0]
+    for m in pkgutil.iter_modules([os.path.dirname(__file__)]):
+        importlib.import_module(f"{package}.{m.name}")
 
 
 def validate(study_: Study, config):

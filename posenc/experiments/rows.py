@@ -1,0 +1,73 @@
+"""The rows of every study, field by field: what :func:`posenc.experiments.load_rows` returns.
+
+A row is a plain dict (JSON: null for a missing or not applicable value).
+Every study's rows carry ``point`` (the point that wrote them); a run's
+rows (``compare``, the runs inside ``extend``) carry the fields of
+:data:`RUN_FIELDS`; each study adds its own (``Study.row_fields``:
+:func:`study_fields`). Timings and paths (:data:`VOLATILE`) say when and
+where a row was made, not what it measured: two runs of one config differ
+there and nowhere else (:func:`without_volatile`).
+
+    import pandas as pd
+    from posenc import experiments
+    df = pd.DataFrame(experiments.load_rows("/tmp/compare"))
+    df.groupby(["variant", "eval_length"])["accuracy"].mean()
+"""
+
+from __future__ import annotations
+
+RUN_FIELDS = {
+    # identity
+    "point": "the study point that wrote the row (its directory runs/<point>/)",
+    "name": "the run's name",
+    "task": "task.name",
+    "task_metadata": "the task's facts (options, level, vocabulary, size law; text: corpus hash and sizes)",
+    "position": "model.position.kind",
+    "position_options": "the validated options of every encoding in use",
+    "layer_kinds": "the encoding of each layer",
+    "randomized": "randomized positions (Ruoss et al. 2023)",
+    "norm": "model.norm.kind", "placement": "model.norm.placement", "qk_norm": "model.norm.qk_norm",
+    "seed": "train.seed", "train_length": "task.train_length", "steps": "train.steps",
+    "config_hash": "sha256 of the canonical run config (bookkeeping fields left out)",
+    "jax_version": "jax.__version__", "posenc_version": "posenc.__version__",
+    # training
+    "steps_trained": "steps actually trained (fewer with fit_accuracy)",
+    "fitted": "reached train.fit_accuracy (null: a fixed budget)",
+    "steps_to_fit": "the step it fitted at", "fit_accuracy": "validation accuracy at the last fit check",
+    "train_loss": "last logged training loss", "train_accuracy": "last logged training accuracy",
+    "seeds_trained_together": "seeds vmapped in one step with this one",
+    "diverged_at_step": "training stopped on a NaN / Inf here (metrics null)",
+    # evaluation
+    "eval_length": "evaluation length (tokens)", "eval_variant": "the evaluation variant (null: as trained)",
+    "sweep": "the evaluation sweep point, e.g. {'depth': 0.5}",
+    "loss": "mean cross-entropy over the scored tokens (nats)",
+    "accuracy": "token accuracy over the answer tokens (teacher-forced)",
+    "exact_match": "fraction of examples with every answer token right (teacher-forced)",
+    "eval_tokens": "scored tokens", "eval_rows_per_step": "rows per evaluation forward (memory bound)",
+    "problem_size": "the evaluation problem size (synthetic tasks)",
+    "eval_windows": "text: held-out windows scored",
+    "perplexity": "text: exp(loss)", "last_L": "text: the last positions of each window scored apart",
+    "loss_last_L": "text: loss over the last L positions", "perplexity_last_L": "exp(loss_last_L)",
+    "position_loss": "text: loss over equal position ranges of the window",
+    "not_applicable": "why the metrics are null (e.g. past a learned table's rows)",
+    # fine-tuning (extend)
+    "base_run": "the base run's directory", "base_hash": "the base run's config hash",
+    "finetune_steps": "fine-tuning steps (0: zero-shot)", "finetune_tokens": "fine-tuning tokens",
+    # timings
+    "train_seconds": "training wall time", "eval_seconds": "evaluation wall time",
+    "wall_time": "train_seconds + eval_seconds", "finished_at": "local time the run finished",
+}
+
+VOLATILE = ("train_seconds", "eval_seconds", "wall_time", "finished_at", "base_run")
+
+
+def study_fields(name: str) -> dict[str, str]:
+    """The fields study ``name`` adds to its rows, with their docs."""
+    from posenc import experiments
+
+    return dict(experiments.study(name).row_fields)
+
+
+def without_volatile(rows, fields=VOLATILE) -> list[dict]:
+    """``rows`` without timings and paths: what two runs of one config share exactly."""
+    return [{k: v for k, v in r.items() if k not in fields} for r in rows]
