@@ -9,6 +9,7 @@ and check posenc's two views (``relative_positions`` and ``regions``)
 against each other.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -56,13 +57,20 @@ def official_logits(q, k, parts, inv_freq):
     return out
 
 
+@jax.jit
+def _rotated(q, k, q_positions, k_positions, inv_freq):
+    qr = rope.apply(q[:, None, :], q_positions, inv_freq)[:, 0]
+    kr = rope.apply(k[:, None, :], k_positions, inv_freq)[:, 0]
+    return qr, kr
+
+
 def region_logits(q, k, regions, inv_freq):
     """Logits from posenc regions through posenc.rope.apply (queries at a, keys at b, inv_freq * scale)."""
     out = np.full((q.shape[0], k.shape[0]), np.nan)
     for r in regions:
         inv = jnp.asarray(inv_freq, jnp.float32) * jnp.float32(r.scale)
-        qr = rope.apply(jnp.asarray(q, jnp.float32)[:, None, :], r.q_positions, inv)[:, 0]
-        kr = rope.apply(jnp.asarray(k, jnp.float32)[:, None, :], r.k_positions, inv)[:, 0]
+        qr, kr = _rotated(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+                          jnp.broadcast_to(r.q_positions, q.shape[:1]), jnp.broadcast_to(r.k_positions, k.shape[:1]), inv)
         logits = np.asarray(qr, np.float64) @ np.asarray(kr, np.float64).T
         out = np.where(np.asarray(r.mask), logits, out)
     return out
