@@ -226,6 +226,8 @@ ALL_NAMES = [
     "duplicate_string", "odds_first", "bucket_sort", "missing_duplicate_string", "binary_addition",
     "binary_multiplication", "compute_sqrt",
     "polynomial", "summation", "lego", "count", "mqar", "flip_flop", "induction", "passkey", "text",
+    "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking", "vt", "common_words",
+    "cwe", "frequent_words", "fwe",
 ]
 
 
