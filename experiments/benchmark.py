@@ -35,13 +35,12 @@ import sys
 import time
 
 from absl import flags
-from ml_collections import config_flags
 
 
 def define_flags() -> None:
     """The command line's flags (defined when run as a program, so that importing
     the module, as the tests do, defines none and modules do not clash)."""
-    config_flags.DEFINE_config_file("config", "configs/benchmark.py:R", "benchmark case", lock_config=True)
+    flags.DEFINE_string("config", "configs/benchmark.py:R", "benchmark case (configs/benchmark.py:ARG)")
     flags.DEFINE_string("peer_python", "", "python of a venv with torch and x-transformers")
     flags.DEFINE_string("peer_script", "../shared/bench/xt_bench.py", "the peer benchmark script")
     flags.DEFINE_list("positions", [], "subset of the case's positions")
@@ -330,7 +329,7 @@ def _config_arg() -> str:
 
 def main(argv):
     del argv
-    config = flags.FLAGS.config
+    config = runtime.config(None)
     if flags.FLAGS.eval_child:
         position, length = flags.FLAGS.eval_child.split(":")
         _emit(bench_eval(config, position, int(length)))

@@ -77,9 +77,13 @@ def main(fn) -> None:
     """``app.run(fn)`` for an entry point: plugins load before the config file is parsed
     (so their encodings have config sections and names), and a bad config value or
     field prints one line naming it and exits 2 instead of a traceback."""
+    import logging
+
     from posenc.config import cli
     from posenc.config.schema import ConfigError
 
+    for name in ("orbax", "absl.orbax", "jax._src"):  # library chatter below WARNING (backend probes)
+        logging.getLogger(name).setLevel(logging.WARNING)
     load_plugins(plugin_names(sys.argv))
     try:
         found, argv = cli.split_overrides(sys.argv)

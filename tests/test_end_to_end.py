@@ -193,27 +193,3 @@ def test_fit_then_extrapolate_stops_when_the_training_length_is_fitted(tmp_path)
     # a fixed budget (fit_accuracy 0) records no fit
     plain = loop.run(tiny(), str(tmp_path / "plain"))
     assert all(r["fitted"] is None and r["steps_to_fit"] is None for r in plain)
-
-
-def test_the_plugin_example_of_the_readme_runs_as_written(tmp_path):
-    import subprocess
-
-    (tmp_path / "my_encodings.py").write_text(
-        "# my_encodings.py\n"
-        "import posenc\n"
-        "from posenc.model import Encoding, register_encoding\n\n"
-        "@register_encoding(\"half_alibi\")\n"
-        "class HalfAlibi(Encoding):\n"
-        "    def bias(self, q_positions, k_positions):\n"
-        "        return 0.5 * posenc.alibi.bias(q_positions, k_positions,\n"
-        "                                       posenc.alibi.slopes(self.num_heads))\n")
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
-    out = subprocess.run(
-        [sys.executable, "-m", "experiments.train", "--config", "configs/default.py:tiny",
-         "--plugins=my_encodings", "--config.model.position.kind=half_alibi",
-         "--workdir", str(tmp_path / "mine"), "--jax_cache_dir="],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "| half_alibi |" in out.stdout
-    rows = results.read_jsonl(str(tmp_path / "mine" / "results.jsonl"))
-    assert {r["position"] for r in rows} == {"half_alibi"} and len(rows) == 2

@@ -179,7 +179,10 @@ class Field:
         return self.default
 
     def parse(self, text: str):
-        """Command-line text as this field's value (``"3"`` -> 3 for an int field)."""
+        """Command-line text as this field's value (``"3"`` -> 3 for an int field; None for a
+        field whose default is None, from ``None`` / ``null``)."""
+        if self.default is None and isinstance(text, str) and text.strip().lower() in _NONE:
+            return None
         return parse_text(text, self.kind)
 
     def validate(self, full_name: str, value):
@@ -369,7 +372,7 @@ def markdown_table(table_rows) -> str:
     """A markdown table of :func:`rows`."""
     lines = ["| field | default | meaning |", "|---|---|---|"]
     for full, default, doc in table_rows:
-        lines.append(f"| `{full}` | `{default}` | {doc} |")
+        lines.append(f"| `{full}` | `{default}` | {doc.replace('|', chr(92) + '|')} |")
     return "\n".join(lines) + "\n"
 
 

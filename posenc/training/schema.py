@@ -143,10 +143,7 @@ def field_rows() -> list[tuple[str, str, str]]:
     """``(field, default, doc)`` of every run field; the per-encoding sections are one row each."""
     from posenc.config import schema
 
-    out = schema.rows(Run, "", skip=("name", "model.position"))
-    out += schema.rows(Model.entries()["position"].section, "model.position",
-                       skip=tuple(f"model.position.{k}" for k in _encoding_sections()))
-    return out
+    return schema.rows(Run, "", skip=("name", *(f"model.position.{k}" for k in _encoding_sections())))
 
 
 def _encoding_sections():
