@@ -13,8 +13,21 @@ import pytest
 import posenc.tasks as tasks
 from posenc.tasks import text
 
-SMALL = 400_000  # bytes: a small corpus keeps the jit constant and the compile small
-FRACTION = 0.3  # a large eval share so the small corpus has eval files
+SMALL = 400_000  # training bytes: a small corpus keeps the jit constant and the compile small
+FRACTION = 0.1
+
+
+def order(path):
+    """The order of files within a split: a second hash of the path (a uniform sample)."""
+    return hashlib.sha256(b"order\0" + path.encode()).digest()
+
+
+def layout(files, read, fraction, max_bytes):
+    """(held-out bytes, training bytes) of the file rule, computed from the files alone."""
+    held = sorted((p for p in files if text.file_split(p, fraction) == "eval"), key=order)
+    train = sorted((p for p in files if text.file_split(p, fraction) == "train"), key=order)
+    joined = b"".join(read(p) + b"\x00" for p in train)
+    return b"".join(read(p) + b"\x00" for p in held), joined if max_bytes is None else joined[:max_bytes]
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +42,17 @@ def raw_bytes(path):
 
 def test_hash_is_stable_and_matches_an_independent_read():
     first, second = text.build_corpus(SMALL, FRACTION), text.build_corpus(SMALL, FRACTION)
-    assert first.sha256 == second.sha256 and first.num_bytes == second.num_bytes == SMALL
-    # The corpus is the sorted files, each followed by NUL, truncated: recompute its hash directly.
-    joined = b"".join(raw_bytes(p) + b"\x00" for p in sorted(text.stdlib_files()))[:SMALL]
-    assert hashlib.sha256(joined).hexdigest() == first.sha256
+    assert first.sha256 == second.sha256 and first.num_bytes == second.num_bytes
+    # The held-out files whole, then the training files up to max_bytes, each followed by NUL.
+    held, train = layout(text.stdlib_files(), raw_bytes, FRACTION, SMALL)
+    assert first.data["eval"].tobytes() == held and first.data["train"].tobytes() == train
+    assert hashlib.sha256(held + train).hexdigest() == first.sha256
+    assert first.num_bytes == len(held) + SMALL
     # Reassembling the splits file by file in corpus order gives the same bytes.
     pieces = [first.data[split][start:stop].tobytes() for _, split, start, stop in first.files]
-    assert b"".join(pieces) == joined
-    assert text.build_corpus(SMALL - 1, FRACTION).sha256 != first.sha256
+    assert b"".join(pieces) == held + train
+    smaller = text.build_corpus(SMALL - 1, FRACTION)
+    assert smaller.sha256 != first.sha256 and smaller.data["eval"].tobytes() == held  # the same held-out text
 
 
 def test_file_list_is_sorted_stdlib_source_without_tests_or_site_packages():
@@ -59,13 +75,15 @@ def test_splits_are_disjoint_by_file(task):
         piece = corpus.data[split][start:stop].tobytes()
         # Only the last file may be cut by max_bytes.
         assert piece == content if i < len(corpus.files) - 1 else content.startswith(piece)
-    assert sum(c.size for c in corpus.data.values()) == SMALL
+    assert corpus.data["train"].size == SMALL
 
 
-def test_default_split_holds_about_five_percent_of_files():
+def test_default_split_holds_about_ten_percent_of_files_and_200_kb():
     files = text.stdlib_files()
     share = np.mean([text.file_split(f) == "eval" for f in files])
-    assert 0.02 < share < 0.10
+    assert 0.05 < share < 0.2
+    meta = text.build_corpus(2_000_000).metadata()  # the quick grids' budget: the same held-out split
+    assert meta["eval_bytes"] >= 200_000 and meta["eval_files"] >= 20, meta
     # Stable per path, and monotone in the fraction (a larger eval set contains the smaller).
     assert all(text.file_split(f, 0.5) == "eval" for f in files if text.file_split(f) == "eval")
 
@@ -109,10 +127,10 @@ def test_metadata_records_hash_size_and_python_version():
     assert time.perf_counter() - start < 10.0  # "a few seconds at most"; generous for a busy CPU
     meta = json.loads(json.dumps(tasks.make("text").metadata()))
     assert meta["sha256"] == corpus.sha256 and len(meta["sha256"]) == 64
-    assert meta["num_bytes"] == meta["max_bytes"] == text.DEFAULT_MAX_BYTES == 8_000_000
+    assert meta["train_bytes"] == meta["max_bytes"] == text.DEFAULT_MAX_BYTES == 8_000_000
     assert meta["train_bytes"] + meta["eval_bytes"] == meta["num_bytes"]
     assert meta["python_version"] == platform.python_version()
-    assert meta["name"] == "text" and meta["vocab_size"] == 256 and meta["eval_fraction"] == 0.05
+    assert meta["name"] == "text" and meta["vocab_size"] == 256 and meta["eval_fraction"] == 0.1
     first, second = tasks.make("text"), tasks.make("text", seed=3)
     assert first.corpus is second.corpus  # read once and cached
     assert first.split_data("train") is second.split_data("train")  # one device copy
@@ -161,13 +179,13 @@ def docs(tmp_path_factory):
     return root, files
 
 
-def test_directory_corpus_is_the_sorted_files_with_separators_split_by_file(docs):
+def test_directory_corpus_is_its_files_with_separators_split_by_file(docs):
     root, files = docs
     task = tasks.make("text", path=str(root), eval_fraction=0.3)
     corpus = task.corpus
-    joined = b"".join(files[p] + b"\x00" for p in sorted(files))
-    assert corpus.sha256 == hashlib.sha256(joined).hexdigest() and corpus.num_bytes == len(joined)
-    assert [f[0] for f in corpus.files] == sorted(files) and corpus.split_rule == "file"
+    held, train = layout(files, files.__getitem__, 0.3, None)
+    assert corpus.sha256 == hashlib.sha256(held + train).hexdigest() and corpus.num_bytes == len(held + train)
+    assert sorted(f[0] for f in corpus.files) == sorted(files) and corpus.split_rule == "file"
     for rel, split, start, stop in corpus.files:
         assert split == text.file_split(rel, 0.3)
         assert corpus.data[split][start:stop].tobytes() == files[rel] + b"\x00"
@@ -180,9 +198,9 @@ def test_directory_corpus_is_the_sorted_files_with_separators_split_by_file(docs
         data = corpus.data[split].tobytes()
         for row_in, row_t in zip(np.asarray(batch["inputs"]), np.asarray(batch["targets"])):
             assert np.concatenate([row_in[:1], row_t]).astype(np.uint8).tobytes() in data
-    # max_bytes truncates the same concatenation; the cache notices changed files.
-    assert tasks.make("text", path=str(root), max_bytes=500, eval_fraction=0.3).corpus.sha256 == \
-        hashlib.sha256(joined[:500]).hexdigest()
+    # max_bytes bounds the training files and keeps the held-out ones; the cache notices changed files.
+    small = tasks.make("text", path=str(root), max_bytes=500, eval_fraction=0.3).corpus
+    assert small.sha256 == hashlib.sha256(held + train[:500]).hexdigest()
 
 
 def test_single_file_is_split_at_its_tail(tmp_path):
