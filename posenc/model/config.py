@@ -24,6 +24,9 @@ def position_config() -> ml_collections.ConfigDict:
         kind="rope",  # any name of posenc.model.ENCODINGS
         # explicit per-layer kinds (overrides kind in the layers); () = kind everywhere
         layer_kinds=(),
+        # rules changing the kind or options of some layers (posenc.model.layer_options), e.g.
+        # ({"every": 6, "offset": 5, "rope.base": 1e6},): Gemma 3's global layers
+        layers=(),
         # randomized positions (Ruoss et al. 2023): at training and at evaluation, as the reference
         randomized=False,
         randomized_max_position=2048,
@@ -45,10 +48,12 @@ def norm_config() -> ml_collections.ConfigDict:
             mixln_fraction=0.25,  # placement mixln only
             dyt_alpha=0.5,  # kind dyt only
             qk_norm="none",  # posenc.registry.QK_NORMS
+            qk_norm_after_rope=False,  # normalise the rotated q, k (Llama 4), not the projections
             qk_norm_layers="all",  # all | positional (layers with a position term: Llama 4) | nope
             attn_softcap=0.0,  # 0 = off
             final_softcap=0.0,  # 0 = off
             embed_scale=False,  # multiply token embeddings by sqrt(d_model)
+            embed_norm=False,  # a norm of model.norm.kind right after the embedding (BLOOM)
         )
     )
 
@@ -85,8 +90,13 @@ def model_config() -> ml_collections.ConfigDict:
             num_heads=4,
             num_kv_heads=0,  # 0: same as num_heads; fewer: grouped-query attention
             head_dim=0,  # 0: d_model // num_heads
-            mlp="gelu",  # gelu | swiglu
+            # gelu (tanh approximation) | gelu_erf (exact, GPT-NeoX) | swiglu | geglu (tanh gate, Gemma)
+            mlp="gelu",
             mlp_ratio=4.0,
+            mlp_hidden=0,  # MLP width (0: int(mlp_ratio * d_model))
+            bias="none",  # biases: none | qkv (Qwen2) | attention (q, k, v, out) | all (+ MLP: GPT-NeoX)
+            parallel_residual=False,  # x + attn(N1 x) + mlp(N2 x) (GPT-NeoX, GPT-J); placement pre
+            attention_scale=0.0,  # multiplier of q . k (0: 1 / sqrt(head_dim); T5: 1; Gemma: 1 / sqrt(s))
             dropout=0.0,
             tie_embeddings=True,
             dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
