@@ -18,17 +18,19 @@ list of variant tokens, applied left to right:
     fit           train until validation accuracy at the training length reaches 0.99
                   (checked every 250 steps), at most train.steps
     tiny          test-sized: 1 layer, d_model 32, 20 steps, short evals
-    gemma3        Gemma 3 attention: 6 RoPE layers, 5 sliding-window : 1 global
-                  (model.global_every=6), QK-norm (rms)
-    swan          SWAN-GPT: 4 layers, global NoPE layers (iRoPE nope_every=4) between
+    gemma3        Gemma 3 (posenc.model.presets): 6 layers, 5 sliding-window : 1 global,
+                  RoPE base 10k on the window layers and 1M on the global one, QK-norm,
+                  Gemma norms (1 + w, sandwich), GeGLU, embeddings times sqrt(d)
+    swan          SWAN-GPT: 4 layers, a global NoPE layer every 4th between
                   sliding-window RoPE layers, log-n scaling on the NoPE layers (a
                   multiplier of 1 up to the training length: it acts at evaluation)
-    llama4        Llama 4 iRoPE: 4 layers, chunked RoPE layers and a global NoPE layer
-                  every 4th, QK-norm (rms) on the RoPE layers only, the attention
-                  temperature on the NoPE layers (floor_scale = the chunk, as Llama 4's
-                  8192 and 8192)
+    llama4        Llama 4: 4 layers, chunked RoPE layers (base 500k, interleaved pairs)
+                  and a global NoPE layer every 4th, the weight-free QK-norm after RoPE
+                  on the RoPE layers only, the attention temperature on the NoPE layer
+                  (floor_scale = the chunk, as Llama 4's 8192 and 8192), SwiGLU
                   The presets size the window / chunk to half of task.train_length at
-                  the time they are applied: put a task token first.
+                  the time they are applied (the published models: 1024, 512, 8192):
+                  put a task token first.
 
 Fields: `task.*` (name, train_length, min_size (0 = 1), seed, options passed
 to `posenc.tasks.make`), `model.*` (all of `posenc/model/config.py`: each
@@ -50,7 +52,8 @@ from __future__ import annotations
 import ml_collections
 
 from posenc import registry, tasks
-from posenc.model import ENCODINGS, model_config
+from posenc.model import ENCODINGS, model_config, presets
+from posenc.training import overrides
 from posenc.training.overrides import fields
 
 
@@ -108,32 +111,23 @@ def _local_size(c) -> int:
     return max(int(c.task.train_length) // 2, 1)
 
 
-def _gemma3(c) -> None:
-    m = c.model
-    m.position.kind = "rope"
-    m.num_layers = 6
-    m.update(attention_span="window", attention_window=_local_size(c), global_every=6)
-    m.norm.qk_norm = "rms"
+def _preset(name: str, **scaled):
+    """Apply posenc.model.presets.PRESETS[name], then size its window / chunk to the task."""
+
+    def apply(c) -> None:
+        overrides.apply(c, presets.get(name), where=f"preset {name}")
+        size = _local_size(c)
+        overrides.apply(c, {field: float(size) if field.endswith("floor_scale") else size
+                            for field in scaled}, where=f"preset {name}")
+
+    return apply
 
 
-def _swan(c) -> None:
-    m = c.model
-    m.position.kind = "irope"
-    m.position.irope.nope_every = 4
-    m.num_layers = 4
-    m.update(attention_span="window", attention_window=_local_size(c), global_every=4)
-    m.logit_scale.update(kind="logn", layers="nope")
-
-
-def _llama4(c) -> None:
-    m = c.model
-    m.position.kind = "irope"
-    m.position.irope.nope_every = 4
-    m.num_layers = 4
-    chunk = _local_size(c)
-    m.update(attention_span="chunk", attention_chunk=chunk, global_every=4)
-    m.norm.update(qk_norm="rms", qk_norm_layers="positional")
-    m.logit_scale.update(kind="temperature", layers="nope", floor_scale=float(chunk))
+# The architectures of posenc.model.presets at this config's scale: the window / chunk (and
+# Llama 4's temperature floor, its chunk in the original) are half of task.train_length.
+_gemma3 = _preset("gemma3", **{"model.attention_window": 0})
+_swan = _preset("swan", **{"model.attention_window": 0})
+_llama4 = _preset("llama4", **{"model.attention_chunk": 0, "model.logit_scale.floor_scale": 0})
 
 
 PRESETS = {"gemma3": _gemma3, "swan": _swan, "llama4": _llama4}

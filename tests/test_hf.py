@@ -197,5 +197,13 @@ def test_tokenize_writes_the_tokenizers_ids(tmp_path):
     assert ids.tolist() == want  # pieces end at newlines: the same ids as one pass here
     assert tok.decode(ids.tolist()) == text
     assert (hf.token_dtype(65536), hf.token_dtype(65537)) == ("uint16", "uint32")
+    from posenc import tasks
+    task = tasks.make("text", tokens=str(tmp_path / "train.bin"), eval_fraction=0.2)
+    assert task.vocab_size == max(want) + 1
+    big = np.array([7, 70000, 151643] * 40, np.uint32)  # a Qwen-sized vocabulary needs uint32
+    big.tofile(tmp_path / "big.bin")
+    task = tasks.make("text", tokens=str(tmp_path / "big.bin"), token_dtype="uint32",
+                      eval_fraction=0.2)
+    assert task.vocab_size == 151644
     with pytest.raises(ValueError, match="is not a file"):
         hf.tokenize(tmp_path / "missing.txt", tmp_path / "tokenizer.json", tmp_path / "x.bin")

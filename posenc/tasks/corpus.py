@@ -14,7 +14,7 @@ Three sources, each read into a :class:`Corpus` whose ``data[split]`` is a
   names skipped), in the same layout (sorted, NUL after each, truncated to
   ``max_bytes`` if given). Read into memory.
 * ``tokens``: a pre-tokenized memmap in nanoGPT's layout (a flat array of
-  little-endian ``uint16``, or ``uint8``, token ids with no header): either
+  little-endian ``uint16``, or ``uint8`` / ``uint32``, token ids with no header): either
   a directory holding ``train.bin`` and ``val.bin`` (the splits) or one
   ``.bin`` file. Opened with ``np.memmap``, never read whole into memory.
 
@@ -48,7 +48,7 @@ SEPARATOR = b"\x00"
 DEFAULT_MAX_BYTES = 8_000_000
 DEFAULT_EVAL_FRACTION = 0.05
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
-TOKEN_DTYPES = ("uint8", "uint16")
+TOKEN_DTYPES = ("uint8", "uint16", "uint32")  # uint32: vocabularies past 65536 ids (posenc.hf)
 _HASH_CHUNK = 1 << 24  # bytes per read when hashing a memmap (16 MiB)
 
 
