@@ -7,8 +7,10 @@ Not run by the test suite (it needs torch and transformers). Made in a separate 
     /work/hfenv/bin/python tests/data/make_hf_fixtures.py
 
 The committed fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), safetensors 0.8.0
-and Python 3.11.7. transformers 5.x has every family here, Gemma 3 text (``Gemma3TextConfig``,
-``Gemma3ForCausalLM``) and Llama 4 text (``Llama4TextConfig``, ``Llama4ForCausalLM``) included.
+and Python 3.11.7. Gemma 3 text (``Gemma3TextConfig``, ``Gemma3ForCausalLM``) is in transformers
+since 4.50 and Llama 4 text (``Llama4TextConfig``, ``Llama4ForCausalLM``) since 4.51; this script
+writes the 5.x config form (``rope_parameters``, per layer type for Gemma 3), so it needs 5.x
+(posenc.hf reads the 4.x form too).
 
 Each model comes from its HF config with ``AutoModelForCausalLM.from_config`` (no download),
 eager attention, float32. The weights are drawn again with larger scales than HF's init (linear
