@@ -18,17 +18,19 @@ list of variant tokens, applied left to right:
     fit           train until validation accuracy at the training length reaches 0.99
                   (checked every 250 steps), at most train.steps
     tiny          test-sized: 1 layer, d_model 32, 20 steps, short evals
-    gemma3        Gemma 3 attention: 6 RoPE layers, 5 sliding-window : 1 global
-                  (model.global_every=6), QK-norm (rms)
-    swan          SWAN-GPT: 4 layers, global NoPE layers (iRoPE nope_every=4) between
+    gemma3        Gemma 3 (posenc.model.presets): 6 layers, 5 sliding-window : 1 global,
+                  RoPE base 10k on the window layers and 1M on the global one, QK-norm,
+                  Gemma norms (1 + w, sandwich), GeGLU, embeddings times sqrt(d)
+    swan          SWAN-GPT: 4 layers, a global NoPE layer every 4th between
                   sliding-window RoPE layers, log-n scaling on the NoPE layers (a
                   multiplier of 1 up to the training length: it acts at evaluation)
-    llama4        Llama 4 iRoPE: 4 layers, chunked RoPE layers and a global NoPE layer
-                  every 4th, QK-norm (rms) on the RoPE layers only, the attention
-                  temperature on the NoPE layers (floor_scale = the chunk, as Llama 4's
-                  8192 and 8192)
+    llama4        Llama 4: 4 layers, chunked RoPE layers (base 500k, interleaved pairs)
+                  and a global NoPE layer every 4th, the weight-free QK-norm after RoPE
+                  on the RoPE layers only, the attention temperature on the NoPE layer
+                  (floor_scale = the chunk, as Llama 4's 8192 and 8192), SwiGLU
                   The presets size the window / chunk to half of task.train_length at
-                  the time they are applied: put a task token first.
+                  the time they are applied (the published models: 1024, 512, 8192):
+                  put a task token first.
 
 Fields: `task.*` (name, train_length, min_size (0 = 1), seed, options passed
 to `posenc.tasks.make`), `model.*` (all of `posenc/model/config.py`: each
@@ -52,7 +54,7 @@ import ml_collections
 from posenc import registry, tasks
 from posenc.config import overrides
 from posenc.config.schema import unknown_argument
-from posenc.model import ENCODINGS
+from posenc.model import ENCODINGS, presets
 from posenc.training.overrides import fields  # noqa: F401  (configs/*.py build variants with it)
 from posenc.training.schema import Run, run_config
 
@@ -61,24 +63,21 @@ def _local_size(c) -> int:
     return max(int(c.task.train_length) // 2, 1)
 
 
-def _gemma3(c) -> dict:
-    return {"model.position.kind": "rope", "model.num_layers": 6, "model.attention_span": "window",
-            "model.attention_window": _local_size(c), "model.global_every": 6, "model.norm.qk_norm": "rms"}
+def _preset(name: str, *scaled):
+    """The fields of ``posenc.model.presets`` ``name`` with its window / chunk sized to the task."""
+
+    def preset_fields(c) -> dict:
+        size = _local_size(c)
+        return {**presets.get(name), **{f: float(size) if f.endswith("floor_scale") else size for f in scaled}}
+
+    return preset_fields
 
 
-def _swan(c) -> dict:
-    return {"model.position.kind": "irope", "model.position.irope.nope_every": 4, "model.num_layers": 4,
-            "model.attention_span": "window", "model.attention_window": _local_size(c),
-            "model.global_every": 4, "model.logit_scale.kind": "logn", "model.logit_scale.layers": "nope"}
-
-
-def _llama4(c) -> dict:
-    chunk = _local_size(c)
-    return {"model.position.kind": "irope", "model.position.irope.nope_every": 4, "model.num_layers": 4,
-            "model.attention_span": "chunk", "model.attention_chunk": chunk, "model.global_every": 4,
-            "model.norm.qk_norm": "rms", "model.norm.qk_norm_layers": "positional",
-            "model.logit_scale.kind": "temperature", "model.logit_scale.layers": "nope",
-            "model.logit_scale.floor_scale": float(chunk)}
+# The architectures of posenc.model.presets at this config's scale: the window / chunk (and
+# Llama 4's temperature floor, its chunk in the original) are half of task.train_length.
+_gemma3 = _preset("gemma3", "model.attention_window")
+_swan = _preset("swan", "model.attention_window")
+_llama4 = _preset("llama4", "model.attention_chunk", "model.logit_scale.floor_scale")
 
 
 # preset -> the dotted fields it sets in a config (from its task length)

@@ -191,21 +191,33 @@ def head_rms_norm(x, scale, *, eps=1e-5) -> jax.Array:
     return (x32 * rstd * scale.astype(_F32)).astype(x.dtype)
 
 
-def output_gate(o, gate_logits, scale=None, *, eps=1e-6) -> jax.Array:
+GATE_ACTIVATIONS = ("sigmoid", "silu")
+
+
+def output_gate(o, gate_logits, scale=None, *, eps=1e-6, activation="sigmoid") -> jax.Array:
     """FoX (Pro) output gate, applied to the attention output before ``o_proj``.
 
     With ``scale`` (``use_output_norm``, as in Pro): ``head_rms_norm(o, scale)
     * sigmoid(gate_logits)`` (fuse_norm_gate.py ``group_norm_gated_ref``).
-    Without (``use_output_gate`` only): ``sigmoid(gate_logits) * o``
-    (glu_linear.py ``glu_fwd``). ``gate_logits = W_g x`` from the layer input
-    (``ogate_proj``, no bias), reshaped to heads. float32 math.
+    Without (``use_output_gate`` only): ``act(gate_logits) * o`` with ``act``
+    sigmoid (glu_linear.py ``glu_fwd``) or, ``activation="silu"``,
+    ``g * sigmoid(g)`` (``swiglu_fwd``; ``ogate_act="silu"``, which the
+    official layer allows without the norm only). ``gate_logits = W_g x``
+    from the layer input (``ogate_proj``, no bias), reshaped to heads.
+    float32 math.
 
     Shapes: o [..., L, H, Dh], gate_logits like o, scale [H, Dh] -> like o.
     """
+    checks.choice("activation", activation, GATE_ACTIVATIONS)
+    if activation == "silu" and scale is not None:
+        raise ValueError("the official output norm gates with sigmoid only (FusedGroupNormGated); "
+                         "activation='silu' takes no scale")
     o = jnp.asarray(o)
     g = jnp.asarray(gate_logits)
     if g.shape[-3:] != o.shape[-3:]:
         raise ValueError(f"gate_logits must have the shape of o [..., L, H, Dh] = {o.shape}; "
                          f"got {g.shape}")
     y = o.astype(_F32) if scale is None else head_rms_norm(o.astype(_F32), scale, eps=eps)
-    return (y * jax.nn.sigmoid(g.astype(_F32))).astype(o.dtype)
+    g32 = g.astype(_F32)
+    gate = jax.nn.sigmoid(g32) if activation == "sigmoid" else g32 * jax.nn.sigmoid(g32)
+    return (y * gate).astype(o.dtype)

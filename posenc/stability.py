@@ -41,6 +41,11 @@ def _rms_full(x, scale, eps):
     return norms.rms_norm(flat, scale, eps=eps).reshape(x.shape)
 
 
+def _rms_plain(x, eps):
+    x32 = x.astype(_F32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 # name -> (description, param names, keywords of qk_norm_init it uses)
 QK_NORMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "none": ("no QK normalisation", (), ()),
@@ -49,6 +54,8 @@ QK_NORMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "rms_full": ("RMSNorm over the full q / k projection (OLMo 2)", ("q_scale", "k_scale"), ()),
     "l2": ("L2 normalisation with a learned temperature (cosine attention)", ("temperature",),
            ("l2_temperature",)),
+    "rms_plain": ("RMSNorm per head over head_dim without a gain (Llama 4's Llama4TextL2Norm)",
+                  (), ()),
 }
 
 
@@ -66,6 +73,9 @@ def qk_norm(kind, q, k, params, *, eps=None):
       ``q_scale`` ``[H * Dh]``, ``k_scale`` ``[Hkv * Dh]``.
     - ``l2``: ``q <- t * q / ||q||``, ``k <- k / ||k||`` with a learned scalar
       temperature ``t`` (cosine attention).
+    - ``rms_plain``: ``x * rsqrt(mean(x^2) + eps)`` per head, no parameters
+      (HF ``Llama4TextL2Norm``: ``sqrt(Dh) x / ||x||`` up to eps; Llama 4
+      applies it after RoPE: ``model.norm.qk_norm_after_rope``).
 
     Args:
       kind: a QK_NORMS name.
@@ -102,6 +112,8 @@ def qk_norm(kind, q, k, params, *, eps=None):
         )
     if kind == "rms_full":
         return _rms_full(q, params["q_scale"], eps), _rms_full(k, params["k_scale"], eps)
+    if kind == "rms_plain":
+        return _rms_plain(q, eps), _rms_plain(k, eps)
     # l2: the temperature restores a usable logit range after normalising.
     t = jnp.asarray(params["temperature"], _F32)
     if t.shape != ():
@@ -128,7 +140,7 @@ def qk_norm_init(kind, num_heads, num_kv_heads, head_dim, *, l2_temperature=None
         raise ValueError(
             f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
-    if kind == "none":
+    if kind in ("none", "rms_plain"):
         return {}
     if kind in ("layer", "rms"):
         return {"q_scale": jnp.ones((head_dim,), _F32), "k_scale": jnp.ones((head_dim,), _F32)}

@@ -208,8 +208,10 @@ def test_llama4_preset_layers_and_a_training_step():
     model = _preset("llama4")
     spans = [(b.attn.window, b.attn.chunk) for b in model.blocks]
     assert spans == [(0, 4)] * 3 + [(0, 0)]  # chunked RoPE layers, a global NoPE layer
-    assert [b.attn.encoding.nope for b in model.blocks] == [False, False, False, True]
-    assert [b.attn.qk_norm_kind for b in model.blocks] == ["rms"] * 3 + ["none"]
+    assert [type(b.attn.encoding).name for b in model.blocks] == ["rope"] * 3 + ["nope"]
+    assert [b.attn.encoding.base for b in model.blocks[:3]] == [500000.0] * 3
+    assert [b.attn.qk_norm_kind for b in model.blocks] == ["rms_plain"] * 3 + ["none"]
+    assert all(b.attn.qk_norm_after_rope for b in model.blocks)
     assert [b.attn.logit_scale for b in model.blocks] == ["none"] * 3 + ["temperature"]
     g, params, rest = nnx.split(model, nnx.Param, ...)
     tokens = helpers.tokens(2, 13)

@@ -1,7 +1,7 @@
 """The PaTH and PaTH-FoX units in the model against the official fla layer.
 
 Reference: fla-org/flash-linear-attention @ bc3b101, fla/layers/path_attn.py
-``PaTHAttention.forward`` (training branch: low-rank ``w_proj``, ``ShortConvolution`` with SiLU,
+``PaTHAttention.forward`` (training branch: ``w_proj`` full rank under GQA or low rank, ``ShortConvolution`` with SiLU,
 ``l2_norm``, ``beta = 2 sigmoid(bt_proj(x))``, ``g = logsigmoid(g_proj(x))``, then
 ``parallel_path_attn``), in numpy float64 with the transcriptions of tests/test_path_attention.py
 (``naive_path_attn``, ``causal_conv1d_ref``). Registry-wide tests cover training, cached decoding,
@@ -40,7 +40,9 @@ def official_layer(attn, x, softcap=0.0):
     q = heads(x @ _np(attn.wq).reshape(D, -1), H)
     k = heads(x @ _np(attn.wk).reshape(D, -1), K)
     v = heads(x @ _np(attn.wv).reshape(D, -1), K)
-    w = x @ _np(enc.w_down) @ _np(enc.w_up)  # nn.Sequential(Linear(D, 32), Linear(32, kv_dim))
+    w = x @ _np(enc.w_down)  # use_low_rank_w=False (the default here under GQA): Linear(D, kv_dim)
+    if enc.w_up is not None:  # use_low_rank_w: nn.Sequential(Linear(D, 32), Linear(32, kv_dim))
+        w = w @ _np(enc.w_up)
     w, _ = causal_conv1d_ref(np.swapaxes(w, 1, 2), _np(enc.conv), activation="silu")
     w = heads(np.swapaxes(w, 1, 2), K)
     w = w / np.sqrt((w * w).sum(-1, keepdims=True) + 1e-6)  # l2_norm
@@ -62,10 +64,12 @@ def official_layer(attn, x, softcap=0.0):
 
 @pytest.mark.parametrize("kind", ["path", "path_fox"])
 def test_layer_matches_the_official_path_layer(kind):
-    _, attn = _layer(kind)
     x = jax.random.normal(jax.random.key(1), (B, L, D))
-    y = jax.jit(lambda x: attn.forward(x, jnp.arange(L)[None], seq_len=L))(x)
-    np.testing.assert_allclose(np.asarray(y), official_layer(attn, x), rtol=2e-5, atol=2e-5)
+    for rank in (None, 32):  # full rank (the GQA default), then fla's low-rank use_low_rank_w
+        _, attn = _layer(kind, position=dict(w_rank=rank))
+        assert (attn.encoding.w_up is None) == (rank is None)
+        y = jax.jit(lambda x: attn.forward(x, jnp.arange(L)[None], seq_len=L))(x)
+        np.testing.assert_allclose(np.asarray(y), official_layer(attn, x), rtol=2e-5, atol=2e-5)
 
 
 def test_soft_capped_logits_in_prefill_blocks_match_the_reference():

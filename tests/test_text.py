@@ -229,7 +229,7 @@ def test_bad_paths_raise_when_the_task_is_made(tmp_path):
     write(tmp_path / "odd.bin", b"\x01\x02\x03")
     with pytest.raises(ValueError, match="has 3 bytes: not a non-empty array of uint16"):
         tasks.make("text", tokens=str(tmp_path / "odd.bin"))
-    with pytest.raises(ValueError, match="unknown token_dtype 'int32'; choose one of: uint16, uint8"):
+    with pytest.raises(ValueError, match="unknown token_dtype 'int32'; choose one of: uint16, uint32, uint8"):
         tasks.make("text", tokens=str(tmp_path / "odd.bin"), token_dtype="int32")
     with pytest.raises(ValueError, match="max_bytes applies to byte corpora"):
         tasks.make("text", tokens=str(tmp_path / "odd.bin"), max_bytes=10)

@@ -22,7 +22,8 @@ from posenc.model import encoding, options
 RANDOMIZED_PER = ("batch", "example")
 LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")
 LAYER_RULES = ("all", "positional", "nope")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "gelu_erf", "swiglu", "geglu")  # posenc.model.layers.MLP
+BIASES = ("none", "qkv", "attention", "all")
 DTYPES = ("auto", "float32", "bfloat16")
 IMPLS = ("auto", "dense", "blocked", "pallas")
 
@@ -45,6 +46,12 @@ def _kinds(name, value) -> tuple[str, ...]:
     return tuple(_named(encoding.get)(f"{name}[{i}]", k) and k for i, k in enumerate(value))
 
 
+def _rules(name, value) -> tuple:
+    if not isinstance(value, (tuple, list)) or not all(isinstance(r, dict) or hasattr(r, "keys") for r in value):
+        raise ValueError(f"{name} must be a tuple of rules (mappings, posenc.model.layer_options); got {value!r}")
+    return tuple(dict(r) for r in value)  # each rule is checked against the layers by ModelSpec
+
+
 def _spans(name, value) -> tuple[str, ...]:
     if not isinstance(value, (tuple, list)):
         raise ValueError(f"{name} must be a tuple of spans ({', '.join(encoding.SPANS)}); got {value!r}")
@@ -58,6 +65,9 @@ class Position(Section):
                  "any name of posenc.model.ENCODINGS (or a plugin's)")
     layer_kinds = Field((), _kinds, "explicit per-layer kinds (overrides kind in the layers); () = kind "
                                     "everywhere", type=tuple)
+    layers = Field((), _rules, "rules changing the kind or options of some layers (posenc.model.layer_options), "
+                               'e.g. ({"every": 6, "offset": 5, "rope.base": 1e6},): Gemma 3\'s global layers',
+                   type=tuple)
     randomized = Field(False, options.boolean, "randomized positions (Ruoss et al. 2023) at training "
                                                "and evaluation, as the reference")
     randomized_max_position = Field(2048, options.positive_int, "randomized positions are drawn from "
@@ -87,11 +97,13 @@ class Norm(Section):
                            "placement mixln: the fraction of post-norm layers (the first ones)")
     dyt_alpha = Field(0.5, options.positive, "kind dyt: the initial alpha")
     qk_norm = Field("none", _named(registry.check_qk_norm), "QK-norm of posenc.registry.QK_NORMS")
+    qk_norm_after_rope = Field(False, options.boolean, "normalise the rotated q, k (Llama 4), not the projections")
     qk_norm_layers = Field("all", options.one_of(*LAYER_RULES),
                            "all | positional (layers with a position term: Llama 4) | nope")
     attn_softcap = Field(0.0, options.nonnegative, "attention-logit soft-cap (0 = off)")
     final_softcap = Field(0.0, options.nonnegative, "output-logit soft-cap (0 = off)")
     embed_scale = Field(False, options.boolean, "multiply token embeddings by sqrt(d_model)")
+    embed_norm = Field(False, options.boolean, "a norm of model.norm.kind right after the embedding (BLOOM)")
 
 
 class LogitScale(Section):
@@ -118,8 +130,15 @@ class Model(Section):
     num_heads = Field(4, options.positive_int, "attention heads")
     num_kv_heads = Field(0, options.nonnegative_int, "0: num_heads; fewer: grouped-query attention")
     head_dim = Field(0, options.nonnegative_int, "0: d_model // num_heads")
-    mlp = Field("gelu", options.one_of(*MLPS), "gelu | swiglu")
+    mlp = Field("gelu", options.one_of(*MLPS), "gelu (tanh approximation) | gelu_erf (exact, GPT-NeoX) | "
+                                               "swiglu | geglu (tanh gate, Gemma)")
     mlp_ratio = Field(4.0, options.positive, "MLP hidden width / d_model")
+    mlp_hidden = Field(0, options.nonnegative_int, "MLP width (0: int(mlp_ratio * d_model))")
+    bias = Field("none", options.one_of(*BIASES), "biases: none | qkv (Qwen2) | attention (q, k, v, out) | all "
+                                                  "(+ MLP: GPT-NeoX)")
+    parallel_residual = Field(False, options.boolean, "x + attn(N1 x) + mlp(N2 x) (GPT-NeoX, GPT-J); placement pre")
+    attention_scale = Field(0.0, options.nonnegative, "multiplier of q . k (0: 1 / sqrt(head_dim); T5: 1; "
+                                                      "Gemma: 1 / sqrt(query_pre_attn_scalar))")
     dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
     tie_embeddings = Field(True, options.boolean, "the head is the transposed token embedding")
     dtype = Field("float32", options.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "

@@ -38,26 +38,34 @@ class Decoder(nnx.Module):
         self.embed_scale = spec.norm.embed_scale
         self.final_softcap = spec.norm.final_softcap
         pos = spec.position
-        first: dict[str, encoding_lib.Encoding] = {}
+        # Units share parameters (T5's table) with the first unit of the same kind and options.
+        first: dict[tuple, encoding_lib.Encoding] = {}
+        layer_options = pos.layer_options or tuple(pos.options[k] for k in pos.layer_kinds)
 
-        def build(kind, layer_index=0):
+        def build(kind, options, layer_index=0):
             cls = encoding_lib.get(kind)
-            unit = cls(dict(pos.options[kind]), d_model=spec.d_model, num_heads=spec.num_heads,
+            key = (kind, tuple(sorted(options.items())))
+            unit = cls(dict(options), d_model=spec.d_model, num_heads=spec.num_heads,
                        num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                        layer_index=layer_index, num_layers=spec.num_layers, rngs=rngs,
-                       first=first.get(kind))
-            first.setdefault(kind, unit)
+                       first=first.get(key))
+            first.setdefault(key, unit)
             return unit
 
         input_cls = encoding_lib.get(pos.kind)
-        self.input_encoding = build(pos.kind) if input_cls.acts_at_input() else None
-        limits = [encoding_lib.get(k).longest_sequence(pos.options[k]) for k in pos.kinds]
+        self.input_encoding = (build(pos.kind, pos.options[pos.kind]) if input_cls.acts_at_input()
+                               else None)
+        limits = [encoding_lib.get(k).longest_sequence(o)
+                  for k, o in [(pos.kind, pos.options[pos.kind]), *zip(pos.layer_kinds, layer_options)]]
         self.max_sequence = min((n for n in limits if n is not None), default=None)
         self.embedding = nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (spec.vocab_size, spec.d_model)))
-        self.blocks = nnx.List([Block(spec, build(k, i), layer_index=i, dtype=self.dtype, rngs=rngs)
+        self.blocks = nnx.List([Block(spec, build(k, layer_options[i], i), layer_index=i,
+                                      dtype=self.dtype, rngs=rngs)
                                 for i, k in enumerate(pos.layer_kinds)])
         n = spec.norm
+        self.embed_norm = (Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
+                           if n.embed_norm else None)
         self.final_norm = (Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
                            if placements.has_final_norm(n.placement) else None)
         self.head = (None if spec.tie_embeddings else nnx.Param(
@@ -108,6 +116,8 @@ class Decoder(nnx.Module):
         return x
 
     def _input(self, x, positions, deterministic):
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         if self.input_encoding is not None:
             x = x + self.input_encoding.embed(positions, self.d_model).astype(x.dtype)
         return self.dropout(x, deterministic=deterministic)

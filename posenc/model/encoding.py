@@ -214,6 +214,15 @@ class Encoding(nnx.Module):
         return None
 
     @classmethod
+    def own_qk_norm(cls, options: dict) -> str:
+        """The option that makes the unit normalise q and k itself ("" when it does not).
+
+        The model's QK-norm (``model.norm.qk_norm``) on such a layer would
+        normalise twice: validation refuses it, naming this option.
+        """
+        return ""
+
+    @classmethod
     def layer_is_nope(cls, options: dict, *, layer_index: int, num_layers: int) -> bool:
         """Whether layer ``layer_index`` of this kind has no position term at all.
 

@@ -12,6 +12,7 @@ softmax of ``posenc.model.attention`` with the layer's span), ``output``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -76,12 +77,18 @@ class Norm(nnx.Module):
                                eps=self.eps)
 
 
-class MLP(nnx.Module):
-    """GELU MLP ``W2 gelu(W1 x)`` or SwiGLU ``W2 (silu(W1 x) * W3 x)`` (Shazeer 2020)."""
+_GATED = {"swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
+_PLAIN = {"gelu": functools.partial(jax.nn.gelu, approximate=True),
+          "gelu_erf": functools.partial(jax.nn.gelu, approximate=False)}
 
-    def __init__(self, kind, d_model, hidden, *, dtype, gain, rngs):
-        if kind not in ("gelu", "swiglu"):
-            raise ValueError(f"unknown mlp {kind!r}; choose one of: gelu, swiglu")
+
+class MLP(nnx.Module):
+    """``W2 act(W1 x)`` (gelu: tanh approximation; gelu_erf: exact, GPT-NeoX) or a gated
+    ``W2 (act(W1 x) * W3 x)``: SwiGLU (silu, Shazeer 2020) and GeGLU (tanh GELU, Gemma)."""
+
+    def __init__(self, kind, d_model, hidden, *, dtype, gain, rngs, bias=False):
+        if kind not in _GATED and kind not in _PLAIN:
+            raise ValueError(f"unknown mlp {kind!r}; choose one of: {', '.join([*_PLAIN, *_GATED])}")
         self.kind, self.dtype = kind, dtype
 
         def init(shape, fan_in, fan_out):
@@ -92,15 +99,22 @@ class MLP(nnx.Module):
 
         self.w1 = init((d_model, hidden), d_model, hidden)
         self.w2 = init((hidden, d_model), hidden, d_model)
-        self.w3 = init((d_model, hidden), d_model, hidden) if kind == "swiglu" else None
+        self.w3 = init((d_model, hidden), d_model, hidden) if kind in _GATED else None
+        zeros = lambda n: nnx.Param(jnp.zeros((n,), jnp.float32)) if bias else None  # noqa: E731
+        self.b1, self.b2 = zeros(hidden), zeros(d_model)
+        self.b3 = zeros(hidden) if kind in _GATED else None
+
+    def _dense(self, x, w, b):
+        y = linear(x, w[...].astype(self.dtype))
+        return y if b is None else y + b[...].astype(y.dtype)
 
     def __call__(self, x):
-        h = linear(x, self.w1[...].astype(self.dtype))
-        if self.kind == "swiglu":
-            h = jax.nn.silu(h) * linear(x, self.w3[...].astype(self.dtype))
+        h = self._dense(x, self.w1, self.b1)
+        if self.kind in _GATED:
+            h = _GATED[self.kind](h) * self._dense(x, self.w3, self.b3)
         else:
-            h = jax.nn.gelu(h)
-        return linear(h, self.w2[...].astype(self.dtype))
+            h = _PLAIN[self.kind](h)
+        return self._dense(h, self.w2, self.b2)
 
 
 class Attention(nnx.Module):
@@ -118,6 +132,8 @@ class Attention(nnx.Module):
         self.window, self.chunk = span["window"], span["chunk"]
         self.qk_norm_kind = spec.norm.qk_norm if lay.qk_norm[layer_index] else "none"
         self.qk_eps = None if self.qk_norm_kind == "none" else spec.norm.eps
+        self.qk_norm_after_rope = spec.norm.qk_norm_after_rope
+        self.scale = spec.attention_scale
         ls = lay.logit_scale
         self.logit_scale = ls.kind if lay.scaled[layer_index] else "none"
         self.logit_opts = {"train_length": ls.train_length, "floor_scale": ls.floor_scale,
@@ -135,6 +151,10 @@ class Attention(nnx.Module):
         self.wk = proj((D, K, head_dim), D, K * head_dim, qk_gain)
         self.wv = proj((D, K, head_dim), D, K * head_dim, vo_gain)
         self.wo = proj((H, head_dim, D), H * head_dim, D, vo_gain)
+        bias = {"none": (), "qkv": ("q", "k", "v")}.get(spec.bias, ("q", "k", "v", "o"))
+        heads = {"q": H, "k": K, "v": K}
+        self.biases = nnx.Dict({n: nnx.Param(jnp.zeros((heads[n], head_dim) if n in heads else (D,),
+                                                       jnp.float32)) for n in bias})
         qk = stability.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
         self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
         # Scalable-Softmax: s (and b) per head of this layer.
@@ -155,9 +175,16 @@ class Attention(nnx.Module):
         q, k, v = jnp.split(qkv, [H * Dh, (H + K) * Dh], axis=-1)
         lead = x.shape[:-1]
         q, k, v = q.reshape(lead + (H, Dh)), k.reshape(lead + (K, Dh)), v.reshape(lead + (K, Dh))
-        params = {n: p[...] for n, p in self.qk_params.items()}
-        q, k = stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
+        if len(self.biases):
+            b = {n: p[...].astype(q.dtype) for n, p in self.biases.items()}
+            q, k, v = q + b["q"], k + b["k"], v + b["v"]
+        if not self.qk_norm_after_rope:
+            q, k = self._qk_norm(q, k)
         return q, k, v
+
+    def _qk_norm(self, q, k):
+        params = {n: p[...] for n, p in self.qk_params.items()}
+        return stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
 
     def forward(self, x, positions, *, seq_len, causal=True, return_stats=False):
         """The full forward pass of the sublayer: x [B, L, D] -> [B, L, D] (, stats)."""
@@ -221,9 +248,11 @@ class Attention(nnx.Module):
         enc = self.encoding
         q_features, k_features = q_features or {}, k_features or {}
         q, k = enc.qk(q, k, q_positions, k_positions, seq_len=seq_len)
+        if self.qk_norm_after_rope:  # the cache holds the keys before rotation and norm
+            q, k = self._qk_norm(q, k)
         kv = k.shape[1] if kv_length is None else kv_length
         q = self.scale_queries(q, q_positions, q_offset=q_offset, kv_length=kv, causal=causal)
-        kw = dict(scale=1.0 / math.sqrt(self.head_dim), causal=causal, q_offset=q_offset,
+        kw = dict(scale=self.scale, causal=causal, q_offset=q_offset,
                   kv_length=kv_length, return_stats=return_stats)
         res = attn_lib.attention(
             q, k, v, q_positions, k_positions, enc, softcap=self.softcap, impl=self.impl,
@@ -234,6 +263,8 @@ class Attention(nnx.Module):
         wo = self.wo[...].astype(self.dtype)
         y = linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)),
                    wo.reshape(-1, wo.shape[-1]))
+        if "o" in self.biases:
+            y = y + self.biases["o"][...].astype(y.dtype)
         return (y, stats) if return_stats else y
 
 
@@ -254,8 +285,9 @@ class Block(nnx.Module):
         self.alpha = alpha
         self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
                               layer_index=layer_index)
-        hidden = int(spec.d_model * spec.mlp_ratio)
-        self.mlp = MLP(spec.mlp, spec.d_model, hidden, dtype=dtype, gain=beta, rngs=rngs)
+        self.parallel = spec.parallel_residual
+        self.mlp = MLP(spec.mlp, spec.d_model, spec.mlp_hidden, dtype=dtype, gain=beta, rngs=rngs,
+                       bias=spec.bias == "all")
         rezero = self.placement == "rezero"
 
         def norm():
@@ -288,7 +320,9 @@ class Block(nnx.Module):
             stats.update(s or {})
             return self.dropout(y, deterministic=deterministic)
 
-        x = self._residual(x, attn_sub, self.norm1, self.norm1_out)
         mlp_sub = lambda h: self.dropout(self.mlp(h), deterministic=deterministic)  # noqa: E731
+        if self.parallel:  # GPT-NeoX: both sublayers read the same input
+            return (x + attn_sub(self.norm1(x)) + mlp_sub(self.norm2(x))).astype(x.dtype), stats
+        x = self._residual(x, attn_sub, self.norm1, self.norm1_out)
         x = self._residual(x, mlp_sub, self.norm2, self.norm2_out)
         return x, stats

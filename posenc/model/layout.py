@@ -75,8 +75,8 @@ def _get(cfg, name, default):
 
 
 def _nope_layers(position, num_layers) -> tuple[bool, ...]:
-    return tuple(encoding.get(k).layer_is_nope(position.options[k], layer_index=i,
-                                               num_layers=num_layers)
+    per_layer = position.layer_options or tuple(position.options[k] for k in position.layer_kinds)
+    return tuple(encoding.get(k).layer_is_nope(per_layer[i], layer_index=i, num_layers=num_layers)
                  for i, k in enumerate(position.layer_kinds))
 
 

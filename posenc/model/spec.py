@@ -12,6 +12,7 @@ per-layer kinds, each unit's options) is resolved here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from typing import Any, Mapping
 
@@ -20,10 +21,11 @@ import ml_collections
 from posenc import checks
 from posenc.model import encoding, fused
 from posenc.model import config as config_lib
+from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
 
-MLPS, DTYPES = config_lib.MLPS, config_lib.DTYPES
+MLPS, BIASES, DTYPES = config_lib.MLPS, config_lib.BIASES, config_lib.DTYPES
 
 
 def resolve_dtype(name: str) -> str:
@@ -46,9 +48,11 @@ class NormSpec:
     mixln_fraction: float
     dyt_alpha: float
     qk_norm: str
+    qk_norm_after_rope: bool  # QK-norm on the rotated q, k (Llama 4), not on the projections
     attn_softcap: float
     final_softcap: float
     embed_scale: bool
+    embed_norm: bool  # a norm right after the token embedding (BLOOM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,8 @@ class PositionSpec:
     randomized: bool
     randomized_max_position: int
     randomized_per: str
+    # per layer: the options of its unit (its kind's options with model.position.layers on top)
+    layer_options: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -76,6 +82,10 @@ class ModelSpec:
     head_dim: int  # resolved (0 in the config: d_model // num_heads)
     mlp: str
     mlp_ratio: float
+    mlp_hidden: int  # resolved (0 in the config: int(mlp_ratio * d_model))
+    bias: str  # none | qkv | attention | all: which projections have a bias
+    parallel_residual: bool  # x + attn(N1 x) + mlp(N2 x) (GPT-NeoX, GPT-J)
+    attention_scale: float  # resolved: the multiplier of q . k (0 in the config: 1 / sqrt(head_dim))
     dropout: float
     tie_embeddings: bool
     dtype: str  # resolved: "float32" | "bfloat16" ("auto" in the config: by platform)
@@ -112,6 +122,11 @@ def _spec(cfg, train_length) -> ModelSpec:
     # what follows are the rules that relate several fields.
     cfg = ml_collections.ConfigDict(config_lib.Model.validate(cfg, "model"))
     sizes = {n: int(cfg[n]) for n in ("vocab_size", "d_model", "num_layers", "num_heads", "attention_block")}
+    bias, parallel = cfg.bias, bool(cfg.parallel_residual)
+    if parallel and cfg.norm.placement != "pre":
+        raise ValueError(f"model.parallel_residual=True needs model.norm.placement 'pre' (both "
+                         f"sublayers read the pre-normed input); got {cfg.norm.placement!r}")
+    mlp_hidden, attention_scale = int(cfg.mlp_hidden), float(cfg.attention_scale)
     dtype = resolve_dtype(cfg.dtype)
     dropout, mlp_ratio = float(cfg.dropout), float(cfg.mlp_ratio)
     d_model, num_heads, num_layers = sizes["d_model"], sizes["num_heads"], sizes["num_layers"]
@@ -124,6 +139,8 @@ def _spec(cfg, train_length) -> ModelSpec:
         raise ValueError(f"model.num_heads {num_heads} is not divisible by model.num_kv_heads {kv}")
     position = _position(cfg.position, head_dim=head_dim, num_heads=num_heads,
                          num_layers=num_layers, train_length=train_length)
+    norm = _norm(cfg.norm)
+    _check_own_qk_norm(position, norm)
     if cfg.attention_impl == "pallas":
         no_kernel = [k for k in position.layer_kinds if not encoding.get(k).has_kernel_form()]
         if no_kernel:
@@ -131,14 +148,28 @@ def _spec(cfg, train_length) -> ModelSpec:
                              f"form; {', '.join(dict.fromkeys(no_kernel))} has none (use 'auto')")
     return ModelSpec(
         vocab_size=sizes["vocab_size"], d_model=d_model, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=kv, head_dim=head_dim, mlp=cfg.mlp, mlp_ratio=mlp_ratio, dropout=dropout,
+        num_kv_heads=kv, head_dim=head_dim, mlp=cfg.mlp, mlp_ratio=mlp_ratio,
+        mlp_hidden=mlp_hidden or int(d_model * mlp_ratio), bias=bias, parallel_residual=parallel,
+        attention_scale=attention_scale or 1.0 / math.sqrt(head_dim), dropout=dropout,
         tie_embeddings=bool(cfg.tie_embeddings), dtype=dtype,
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
-        position=position, norm=(norm := _norm(cfg.norm)),
+        position=position, norm=norm,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
+
+
+def _check_own_qk_norm(position, norm) -> None:
+    """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm would do it twice."""
+    if norm.qk_norm == "none":
+        return
+    for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+        field = encoding.get(k).own_qk_norm(opts)
+        if field:
+            raise ValueError(f"model.norm.qk_norm={norm.qk_norm!r} and model.position.{k}.{field} "
+                             f"both normalise the queries and keys of layer {i}; set "
+                             "model.norm.qk_norm='none' or turn the unit's own QK-norm off")
 
 
 def _norm(n) -> NormSpec:
@@ -151,8 +182,9 @@ def _norm(n) -> NormSpec:
                              f"(model.norm.kind={n.kind!r}, model.norm.placement={n.placement!r})")
     return NormSpec(
         kind=n.kind, placement=n.placement, eps=float(n.eps), mixln_fraction=float(n.mixln_fraction),
-        dyt_alpha=float(n.dyt_alpha), qk_norm=n.qk_norm, attn_softcap=float(n.attn_softcap),
-        final_softcap=float(n.final_softcap), embed_scale=bool(n.embed_scale),
+        dyt_alpha=float(n.dyt_alpha), qk_norm=n.qk_norm, qk_norm_after_rope=bool(n.qk_norm_after_rope),
+        attn_softcap=float(n.attn_softcap), final_softcap=float(n.final_softcap),
+        embed_scale=bool(n.embed_scale), embed_norm=bool(n.embed_norm),
     )
 
 
@@ -171,6 +203,7 @@ def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSp
                     "per-layer encoding; set it as model.position.kind instead")
     per_layer = explicit or (kind,) * num_layers
     layer_kinds = tuple("nope" if encoding.get(k).acts_at_input() else k for k in per_layer)
+    layer_kinds, overrides = layer_options_lib.resolve(p.layers, layer_kinds)
     used = tuple(dict.fromkeys((kind, *layer_kinds)))
     opts = {}
     for k in used:
@@ -187,6 +220,18 @@ def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSp
         cls.check(values, prefix=prefix, head_dim=head_dim, num_heads=num_heads,
                   num_layers=num_layers)
         opts[k] = types.MappingProxyType(values)
+    per_layer_opts = []
+    for i, k in enumerate(layer_kinds):
+        if not overrides[i]:
+            per_layer_opts.append(opts[k])
+            continue
+        cls = encoding.get(k)
+        values = layer_options_lib.layer_options(cls, opts[k], overrides[i])
+        if train_length is not None:
+            _fill(cls, values, train_length)
+        cls.check(values, prefix=f"model.position.{k} (layer {i} with model.position.layers)",
+                  head_dim=head_dim, num_heads=num_heads, num_layers=num_layers)
+        per_layer_opts.append(types.MappingProxyType(values))
     for k in sorted(set(encoding.ENCODINGS) - set(used)):
         set_fields = options_lib.changed(encoding.get(k), p[k].to_dict()) if k in p else []
         if set_fields:
@@ -197,6 +242,6 @@ def _position(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSp
     return PositionSpec(
         kind=kind, layer_kinds=layer_kinds, options=types.MappingProxyType(opts),
         randomized=bool(p.randomized), randomized_max_position=int(p.randomized_max_position),
-        randomized_per=p.randomized_per,
+        randomized_per=p.randomized_per, layer_options=tuple(per_layer_opts),
     )
 

@@ -11,7 +11,7 @@ Three sources, each read into a :class:`Corpus` whose ``data[split]`` is a
 * ``path``: one text file, or every regular file under a directory (hidden
   names skipped), in the same layout. Read into memory.
 * ``tokens``: a pre-tokenized memmap in nanoGPT's layout (a flat array of
-  little-endian ``uint16``, or ``uint8``, token ids with no header): either
+  little-endian ``uint16``, or ``uint8`` / ``uint32``, token ids with no header): either
   a directory holding ``train.bin`` and ``val.bin`` (the splits) or one
   ``.bin`` file. Opened with ``np.memmap``, never read whole into memory.
 
@@ -50,7 +50,7 @@ SEPARATOR = b"\x00"
 DEFAULT_MAX_BYTES = 8_000_000
 DEFAULT_EVAL_FRACTION = 0.1
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
-TOKEN_DTYPES = ("uint8", "uint16")
+TOKEN_DTYPES = ("uint8", "uint16", "uint32")  # uint32: vocabularies past 65536 ids (posenc.hf)
 _HASH_CHUNK = 1 << 24  # bytes per read when hashing a memmap (16 MiB)
 
 

@@ -6,7 +6,7 @@ corpus (:mod:`posenc.tasks.corpus`) is one of
 * the stdlib's ``.py`` source as bytes (default; ``max_bytes`` 8,000,000);
 * ``path=``: a text file or a directory of text files, as bytes;
 * ``tokens=``: a nanoGPT-style ``.bin`` memmap (``token_dtype`` "uint16"
-  default, or "uint8"), a file or a directory with ``train.bin`` /
+  default, "uint8", or "uint32" for vocabularies past 65536 ids), a file or a directory with ``train.bin`` /
   ``val.bin``, for corpora larger than memory.
 
 Vocabulary: bytes are their own ids (256, no special tokens); for a memmap
@@ -98,11 +98,11 @@ class Text(Registered):
         # As given (str, so metadata stays JSON); the corpus records the absolute path.
         self.path, self.tokens = (None if p is None else os.fspath(p) for p in (path, tokens))
         self.token_dtype = token_dtype
-        natural = 65536 if tokens is not None and token_dtype == "uint16" else 256
+        wide = tokens is not None and token_dtype in ("uint16", "uint32")
+        natural = {"uint16": 65536, "uint32": 2 ** 31}.get(token_dtype, 256) if wide else 256
         if vocab_size is not None:
             vocab_size = check_int("vocab_size", vocab_size, minimum=self.corpus.max_token + 1, maximum=natural)
-        self.vocab_size = (self.corpus.max_token + 1 if tokens is not None and token_dtype == "uint16"
-                           else 256) if vocab_size is None else vocab_size
+        self.vocab_size = (self.corpus.max_token + 1 if wide else 256) if vocab_size is None else vocab_size
         self._user_vocab = vocab_size
         self.on_device = self.corpus.nbytes <= self.device_limit
         if self.on_device:

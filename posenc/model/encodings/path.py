@@ -14,7 +14,7 @@ from posenc.model import cache as cache_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.encodings.stickbreaking import _blocked, _forward
 from posenc.model.layers import lecun_normal, linear
-from posenc.model.options import Option, nonnegative_int, positive_int
+from posenc.model.options import Option, nonnegative_int, optional, positive_int
 
 
 def _heads_first(c):
@@ -26,7 +26,10 @@ class PaTH(Encoding):
     """logit_ij = q_i^T H_i ... H_{j+1} k_j / sqrt(d), H_t = I - beta_t w_t w_t^T.
 
     As fla's ``PaTHAttention`` layer (fla-org/flash-linear-attention,
-    ``fla/layers/path_attn.py``): ``w`` from a rank-32 projection, a causal
+    ``fla/layers/path_attn.py``): ``w`` from a rank-32 projection (a full
+    D x (K Dh) one under grouped-query attention: fla's rule when it added
+    PaTH, c52acc04, and its comment since, "in MQA/GQA settings ... a
+    standard linear projection"; ``w_rank`` sets either), a causal
     depthwise convolution of width 3 with SiLU and an L2 norm per head;
     ``beta = 2 sigmoid(W_b x + b_b)`` per kv head. ``posenc.path_attention``
     computes the logits through chunked UT-form products (never O(L^2 Dh^2)
@@ -44,12 +47,15 @@ class PaTH(Encoding):
     spans = ("full",)
     forget_gate = False  # PaTH-FoX: a FoX forget gate in the logits
     chunk = Option(64, positive_int, "tokens per chunk of the Householder products")
-    w_rank = Option(32, nonnegative_int, "rank of the w projection (0: a full D x (K Dh) matrix)")
+    w_rank = Option(None, optional(nonnegative_int), "rank of the w projection (0: a full D x (K Dh) "
+                    "matrix; None: 32, full under GQA as fla)", type=int)
     conv_size = Option(3, nonnegative_int, "width of the causal convolution on w (0: none)")
 
     def setup(self, rngs, first):
         D, H, K, Dh = self.d_model, self.num_heads, self.num_kv_heads, self.head_dim
         width = K * Dh
+        if self.w_rank is None:
+            self.w_rank = 32 if K == H else 0
         if self.w_rank:
             self.w_down = nnx.Param(lecun_normal(rngs.params(), (D, self.w_rank), D))
             self.w_up = nnx.Param(lecun_normal(rngs.params(), (self.w_rank, width), self.w_rank))

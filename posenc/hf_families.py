@@ -1,0 +1,468 @@
+"""The model families of ``posenc.hf``: each HF ``config.json`` as posenc fields, each tensor's place.
+
+A :class:`Family` maps a checkpoint's config to dotted ``model.*`` fields
+(its preset of ``posenc.model.presets`` plus the checkpoint's values) and its
+tensors (HF names, torch ``[out, in]`` layout) to posenc's flat parameter
+paths. Every config field that would change the computation and that posenc
+cannot express is refused by name (:func:`unsupported`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from posenc.model import encoding, presets
+from posenc.model import options as options_lib
+
+SPAN_OF = {"full_attention": "full", "sliding_attention": "window", "chunked_attention": "chunk"}
+
+
+def unsupported(hf: dict, field: str, why: str):
+    value = hf.get(field)
+    return ValueError(f"unsupported field {field}={value!r} in config.json "
+                      f"(model_type {hf.get('model_type')!r}): {why}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    preset: str
+    fields: Callable[[dict], dict]
+    params: Callable  # (hf, tensors, spec) -> {path: array}
+
+
+# -- config --------------------------------------------------------------------------------
+
+def _rope_params(hf: dict, layer_type: str | None = None) -> dict:
+    """The RoPE parameters in transformers 5's form: {rope_type, rope_theta, ...} (4.x read too)."""
+    rp = hf.get("rope_parameters")
+    if isinstance(rp, dict) and layer_type is not None and layer_type in rp:
+        rp = rp[layer_type]
+    if isinstance(rp, dict) and ("rope_type" in rp or "rope_theta" in rp):
+        p = dict(rp)
+    else:  # 4.x: rope_theta, rope_scaling, partial_rotary_factor at the top level
+        # (Gemma 3's rope_scaling is its global layers'; its window layers rotate plainly)
+        p = {} if layer_type == "sliding_attention" else dict(hf.get("rope_scaling") or {})
+        if "type" in p and "rope_type" not in p:
+            p["rope_type"] = p.pop("type")
+        theta = {"sliding_attention": "rope_local_base_freq"}.get(layer_type, "rope_theta")
+        default = {"gemma3_text": 1e6 if theta == "rope_theta" else 10000.0}.get(hf.get("model_type"))
+        p.setdefault("rope_theta", hf.get(theta, hf.get("rotary_emb_base", default or 10000.0)))
+        for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+            if key in hf and key not in p:
+                p[key] = hf[key]
+        if "rotary_pct" in hf:
+            p.setdefault("partial_rotary_factor", hf["rotary_pct"])
+    p.setdefault("rope_type", "default")
+    if "original_max_position_embeddings" in hf:
+        p.setdefault("original_max_position_embeddings", hf["original_max_position_embeddings"])
+    return p
+
+
+def _rope_options(hf: dict, p: dict) -> dict:
+    """posenc ``rope.*`` options of HF RoPE parameters ``p``."""
+    kind = p["rope_type"]
+    opts = {"base": float(p["rope_theta"]), "angles": "canonical"}
+    if p.get("partial_rotary_factor", 1.0) != 1.0:
+        opts["rotary_fraction"] = float(p["partial_rotary_factor"])
+    max_pos = hf.get("max_position_embeddings")
+    original = p.get("original_max_position_embeddings")
+    if kind == "default":
+        return opts
+    if kind not in ("linear", "dynamic", "yarn", "longrope", "llama3"):
+        raise ValueError(f"unsupported field rope_type={kind!r} in config.json: posenc's RoPE "
+                         "scalings are default, linear, dynamic, yarn, longrope, llama3")
+    opts["scaling"] = kind
+    if kind in ("linear", "llama3", "yarn", "dynamic"):
+        opts["factor"] = float(p["factor"])
+    if kind == "dynamic":  # HF: the config's max_position_embeddings is the original length
+        opts["original_length"] = int(max_pos)
+    if kind == "llama3":
+        opts.update(original_length=int(original), low_freq_factor=float(p["low_freq_factor"]),
+                    high_freq_factor=float(p["high_freq_factor"]))
+    if kind == "yarn":
+        opts["original_length"] = int(original or max_pos)
+        for hf_key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
+            if p.get(hf_key) is not None:
+                opts[hf_key] = float(p[hf_key])
+        if "truncate" in p:
+            opts["truncate"] = bool(p["truncate"])
+    if kind == "longrope":
+        opts.update(original_length=int(original),
+                    factor=float(p["factor"]) if p.get("factor") else max_pos / original,
+                    short_factor=tuple(float(x) for x in p["short_factor"]),
+                    long_factor=tuple(float(x) for x in p["long_factor"]))
+        if p.get("attention_factor") is not None:
+            opts["attention_factor"] = float(p["attention_factor"])
+    return opts
+
+
+def _prefixed(opts: dict, prefix: str) -> dict:
+    return {f"{prefix}{k}": v for k, v in opts.items()}
+
+
+def _spans(spans: list[str]) -> dict:
+    """Span fields for per-layer spans: one span, a global_every pattern, or explicit layer_spans."""
+    kinds = sorted(set(spans) - {"full"})
+    if not kinds:
+        return {"model.attention_span": "full", "model.global_every": 0, "model.layer_spans": ()}
+    if len(kinds) == 1 and "full" not in spans:
+        return {"model.attention_span": kinds[0], "model.global_every": 0, "model.layer_spans": ()}
+    if len(kinds) == 1:
+        k = spans.index("full") + 1
+        if all(s == ("full" if (i + 1) % k == 0 else kinds[0]) for i, s in enumerate(spans)):
+            return {"model.attention_span": kinds[0], "model.global_every": k,
+                    "model.layer_spans": ()}
+    return {"model.attention_span": "full", "model.global_every": 0,
+            "model.layer_spans": tuple(spans)}
+
+
+def _layer_spans(hf: dict, n: int, default: list[str]) -> list[str]:
+    types = hf.get("layer_types") or default
+    if len(types) != n:
+        raise unsupported(hf, "layer_types", f"{len(types)} entries for {n} layers")
+    for t in types:
+        if t not in SPAN_OF:
+            raise unsupported(hf, "layer_types", f"layer type {t!r}; posenc's are "
+                              f"{', '.join(SPAN_OF)}")
+    return [SPAN_OF[t] for t in types]
+
+
+def _base(hf: dict, preset: str, *, eps_key="rms_norm_eps", tie_default=False) -> dict:
+    heads = int(hf["num_attention_heads"])
+    out = presets.get(preset)
+    out.update({
+        "model.vocab_size": int(hf["vocab_size"]),
+        "model.d_model": int(hf["hidden_size"]),
+        "model.num_layers": int(hf["num_hidden_layers"]),
+        "model.num_heads": heads,
+        "model.num_kv_heads": int(hf.get("num_key_value_heads") or heads),
+        "model.head_dim": int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+        "model.tie_embeddings": bool(hf.get("tie_word_embeddings", tie_default)),
+        "model.norm.eps": float(hf.get(eps_key, out.get("model.norm.eps", 1e-6))),
+        "model.position.layers": (),
+    })
+    if "intermediate_size" in hf:
+        out["model.mlp_hidden"] = int(hf["intermediate_size"])
+    return out
+
+
+def _act(hf: dict, key: str, allowed: dict) -> str:
+    act = hf.get(key, next(iter(allowed)))
+    if act not in allowed:
+        raise unsupported(hf, key, f"the activations posenc has here: {', '.join(allowed)}")
+    return allowed[act]
+
+
+def _refuse(hf: dict, fields: dict) -> None:
+    """Refuse every field whose value is not one posenc computes (``{field: (ok values, why)}``)."""
+    for field, (ok, why) in fields.items():
+        if field in hf and hf[field] not in ok:
+            raise unsupported(hf, field, why)
+
+
+def _llama_like(preset: str, tie_default=False):
+    def fields(hf):
+        _refuse(hf, {"pretraining_tp": ((None, 1), "tensor-parallel slicing changes the sums")})
+        if hf.get("mlp_bias") and not hf.get("attention_bias"):
+            raise unsupported(hf, "mlp_bias", "an MLP bias needs attention_bias too (model.bias 'all')")
+        out = _base(hf, preset, tie_default=tie_default)
+        out["model.mlp"] = _act(hf, "hidden_act", {"silu": "swiglu"})
+        if hf.get("attention_bias"):
+            out["model.bias"] = "all" if hf.get("mlp_bias") else "attention"
+        elif hf.get("model_type") == "qwen2":
+            out["model.bias"] = "qkv"
+        rope = {k: v for k, v in out.items() if k.startswith("model.position.rope.")}
+        for k in rope:
+            del out[k]
+        out.update(_prefixed(_rope_options(hf, _rope_params(hf)), "model.position.rope."))
+        n = out["model.num_layers"]
+        window = hf.get("sliding_window")
+        if hf.get("model_type") == "qwen2":
+            use = hf.get("use_sliding_window", False)
+            default = ["sliding_attention" if use and window and i >= hf.get("max_window_layers", 28)
+                       else "full_attention" for i in range(n)]
+            spans = _layer_spans(hf, n, default)
+        else:
+            spans = ["window" if window else "full"] * n
+        out.update(_spans(spans))
+        out["model.attention_window"] = int(window) if "window" in spans else 0
+        return out
+    return fields
+
+
+def _gemma(preset: str):
+    def fields(hf):
+        _refuse(hf, {"attention_bias": ((False,), "posenc's Gemma layers have no biases"),
+                     "use_bidirectional_attention": ((None, False), "posenc decodes causally")})
+        out = _base(hf, preset, tie_default=True)
+        out["model.mlp"] = _act(hf, "hidden_activation",
+                                {"gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"})
+        n = out["model.num_layers"]
+        every = 2 if preset == "gemma2" else hf.get("sliding_window_pattern", 6)
+        spans = _layer_spans(hf, n, ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                     for i in range(n)])
+        out.update(_spans(spans))
+        out["model.attention_window"] = int(hf["sliding_window"]) if "window" in spans else 0
+        out["model.attention_scale"] = float(hf.get("query_pre_attn_scalar", 256)) ** -0.5
+        out["model.norm.attn_softcap"] = float(hf.get("attn_logit_softcapping") or 0.0)
+        out["model.norm.final_softcap"] = float(hf.get("final_logit_softcapping") or 0.0)
+        for k in [k for k in out if k.startswith("model.position.rope.")]:
+            del out[k]
+        if preset == "gemma2":
+            out.update(_prefixed(_rope_options(hf, _rope_params(hf)), "model.position.rope."))
+            return out
+        # Gemma 3: one RoPE per layer type; the window layers' in the section, the others as rules
+        types = [t for t, s in SPAN_OF.items() if s in spans]
+        by_type = {t: _rope_options(hf, _rope_params(hf, t)) for t in types}
+        first = "sliding_attention" if "sliding_attention" in by_type else types[0]
+        out.update(_prefixed(by_type[first], "model.position.rope."))
+        rules = []
+        for t, opts in by_type.items():
+            changed = {f"rope.{k}": v for k, v in opts.items() if by_type[first].get(k) != v}
+            changed.update({f"rope.{k}": _default_of(k) for k in by_type[first] if k not in opts})
+            if changed:
+                layers = tuple(i for i, s in enumerate(spans) if s == SPAN_OF[t])
+                rules.append({"layers": layers, **changed})
+        out["model.position.layers"] = tuple(rules)
+        return out
+    return fields
+
+
+def _default_of(option: str):
+    return options_lib.options_of(encoding.get("rope"))[option].default
+
+
+def _llama4_fields(hf):
+    moe = hf.get("moe_layers")
+    if moe is None:
+        step = hf.get("interleave_moe_layer_step", 1)
+        moe = list(range(step - 1, hf["num_hidden_layers"], step)) if step else []
+    if moe:
+        raise unsupported(hf, "moe_layers", f"layers {moe} are mixture-of-experts, which posenc does "
+                          "not have (a text model with moe_layers=[] loads)")
+    _refuse(hf, {"attention_bias": ((False,), "posenc's Llama 4 layers have no biases")})
+    hf = {**hf, "intermediate_size": hf.get("intermediate_size_mlp", hf.get("intermediate_size"))}
+    out = _base(hf, "llama4")
+    out["model.mlp"] = _act(hf, "hidden_act", {"silu": "swiglu"})
+    n = out["model.num_layers"]
+    interval = hf.get("no_rope_layer_interval", 4)
+    rope_layers = hf.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    chunk = hf.get("attention_chunk_size")
+    spans = _layer_spans(hf, n, ["chunked_attention" if r and chunk else "full_attention"
+                                 for r in rope_layers])
+    out.update(_spans(spans))
+    out["model.attention_chunk"] = int(chunk) if "chunk" in spans else 0
+    for k in [k for k in out if k.startswith("model.position.rope.")]:
+        del out[k]
+    out.update(_prefixed(_rope_options(hf, _rope_params(hf)), "model.position.rope."))
+    out["model.position.rope.layout"] = "interleaved"  # Llama 4 rotates complex pairs (2i, 2i + 1)
+    nope = tuple(i for i, r in enumerate(rope_layers) if not r)
+    out["model.position.layers"] = ({"layers": nope, "kind": "nope"},) if nope else ()
+    if not hf.get("use_qk_norm", True):
+        out.update({"model.norm.qk_norm": "none", "model.norm.qk_norm_layers": "all",
+                    "model.norm.qk_norm_after_rope": False})
+    if hf.get("attn_temperature_tuning", True) and nope:
+        out["model.logit_scale.floor_scale"] = float(hf.get("floor_scale", 8192))
+        out["model.logit_scale.attn_scale"] = float(hf.get("attn_scale", 0.1))
+    else:
+        out.update({"model.logit_scale.kind": "none", "model.logit_scale.layers": "all",
+                    "model.logit_scale.floor_scale": 8192.0, "model.logit_scale.attn_scale": 0.1})
+    if not nope and out["model.norm.qk_norm"] != "none":
+        out["model.norm.qk_norm_layers"] = "all"
+    return out
+
+
+def _neox_fields(hf):
+    out = _base(hf, "gpt_neox", eps_key="layer_norm_eps")
+    if not hf.get("attention_bias", True):
+        raise unsupported(hf, "attention_bias", "GPT-NeoX's MLP keeps its biases; posenc's bias "
+                          "choice 'all' needs the attention biases too")
+    out["model.mlp"] = _act(hf, "hidden_act", {"gelu": "gelu_erf", "gelu_new": "gelu",
+                                               "gelu_pytorch_tanh": "gelu"})
+    out["model.parallel_residual"] = bool(hf.get("use_parallel_residual", True))
+    for k in [k for k in out if k.startswith("model.position.rope.")]:
+        del out[k]
+    p = _rope_params(hf)
+    p.setdefault("partial_rotary_factor", 0.25)
+    out.update(_prefixed(_rope_options(hf, p), "model.position.rope."))
+    return out
+
+
+def _bloom_fields(hf):
+    _refuse(hf, {"apply_residual_connection_post_layernorm": ((False,), "posenc's residual adds "
+                                                              "the block input"),
+                 "pretraining_tp": ((None, 1), "tensor-parallel slicing changes the sums")})
+    hf = {**hf, "hidden_size": hf.get("hidden_size", hf.get("n_embed")),
+          "num_hidden_layers": hf.get("n_layer"), "num_attention_heads": hf.get("n_head")}
+    out = _base(hf, "bloom", eps_key="layer_norm_epsilon", tie_default=True)
+    out["model.mlp_hidden"] = 4 * out["model.d_model"]
+    return out
+
+
+# -- parameters ----------------------------------------------------------------------------
+
+class _Tensors:
+    """The checkpoint's tensors, each taken once; the ones left over are an error."""
+
+    def __init__(self, tensors: dict, ignore=("rotary_emb.inv_freq", "attention.bias",
+                                              "attention.masked_bias")):
+        self.t = {k: v for k, v in tensors.items() if not k.endswith(ignore)}
+        self.used: set[str] = set()
+
+    def __call__(self, name):
+        if name not in self.t:
+            raise ValueError(f"checkpoint has no tensor {name!r} (its names start with "
+                             f"{sorted(self.t)[:3]})")
+        self.used.add(name)
+        return self.t[name]
+
+    def has(self, name):
+        return name in self.t
+
+    def done(self):
+        left = sorted(set(self.t) - self.used)
+        if left:
+            raise ValueError(f"checkpoint tensors posenc has no place for: {left[:4]}"
+                             + (f" and {len(left) - 4} more" if len(left) > 4 else ""))
+
+
+def _heads_in(w, heads, dh):  # torch [heads * dh, D] -> posenc [D, heads, dh]
+    return w.T.reshape(w.shape[1], heads, dh)
+
+
+def _heads_out(w, heads, dh):  # torch [D, heads * dh] -> posenc [heads, dh, D]
+    return w.T.reshape(heads, dh, w.shape[0])
+
+
+def _norm(out, path, t, name, kind):
+    out[path + ("params", "scale")] = t(name + ".weight")
+    if kind == "layer":
+        out[path + ("params", "bias")] = t(name + ".bias")
+
+
+def _head(out, spec, t, embed, head):
+    out[("embedding",)] = t(embed)
+    if spec.tie_embeddings:
+        if t.has(head):
+            t(head)  # a tied checkpoint may store the head too: HF ties it to the embedding
+    else:
+        out[("head",)] = t(head).T
+
+
+def _llama_params(hf, tensors, spec, *, mlp="mlp"):
+    t, out = _Tensors(tensors), {}
+    H, K, Dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    gemma = spec.norm.kind == "rms_offset"
+    _head(out, spec, t, "model.embed_tokens.weight", "lm_head.weight")
+    _norm(out, ("final_norm",), t, "model.norm", "rms")
+    for i in range(spec.num_layers):
+        p, b = f"model.layers.{i}.", ("blocks", i)
+        a = p + "self_attn."
+        if t.has(a + "qkv_proj.weight"):  # Phi-3: one fused projection [q; k; v]
+            q, k, v = np.split(t(a + "qkv_proj.weight"), [H * Dh, (H + K) * Dh])
+        else:
+            q, k, v = (t(a + f"{n}_proj.weight") for n in "qkv")
+        out[b + ("attn", "wq")] = _heads_in(q, H, Dh)
+        out[b + ("attn", "wk")] = _heads_in(k, K, Dh)
+        out[b + ("attn", "wv")] = _heads_in(v, K, Dh)
+        out[b + ("attn", "wo")] = _heads_out(t(a + "o_proj.weight"), H, Dh)
+        if spec.bias != "none":
+            for n, heads in (("q", H), ("k", K), ("v", K)):
+                out[b + ("attn", "biases", n)] = t(a + f"{n}_proj.bias").reshape(heads, Dh)
+            if spec.bias != "qkv":
+                out[b + ("attn", "biases", "o")] = t(a + "o_proj.bias")
+        if t.has(a + "q_norm.weight"):  # Gemma 3: (1 + w) gains of a per-head RMSNorm
+            out[b + ("attn", "qk_params", "q_scale")] = 1.0 + t(a + "q_norm.weight")
+            out[b + ("attn", "qk_params", "k_scale")] = 1.0 + t(a + "k_norm.weight")
+        m = p + mlp + "."
+        if t.has(m + "gate_up_proj.weight"):  # Phi-3: [gate; up]
+            gate, up = np.split(t(m + "gate_up_proj.weight"), 2)
+        else:
+            gate, up = t(m + "gate_proj.weight"), t(m + "up_proj.weight")
+        out[b + ("mlp", "w1")], out[b + ("mlp", "w3")] = gate.T, up.T
+        out[b + ("mlp", "w2")] = t(m + "down_proj.weight").T
+        if spec.bias == "all":
+            out[b + ("mlp", "b1")] = t(m + "gate_proj.bias")
+            out[b + ("mlp", "b3")] = t(m + "up_proj.bias")
+            out[b + ("mlp", "b2")] = t(m + "down_proj.bias")
+        _norm(out, b + ("norm1",), t, p + "input_layernorm", "rms")
+        if gemma:
+            _norm(out, b + ("norm1_out",), t, p + "post_attention_layernorm", "rms")
+            _norm(out, b + ("norm2",), t, p + "pre_feedforward_layernorm", "rms")
+            _norm(out, b + ("norm2_out",), t, p + "post_feedforward_layernorm", "rms")
+        else:
+            _norm(out, b + ("norm2",), t, p + "post_attention_layernorm", "rms")
+    t.done()
+    return out
+
+
+def _fused_qkv(out, b, t, name, spec):
+    """GPT-NeoX / BLOOM query_key_value: per head [q | k | v] (view [..., H, 3, Dh])."""
+    H, Dh = spec.num_heads, spec.head_dim
+    w = t(name + ".weight").reshape(H, 3, Dh, -1)
+    bias = t(name + ".bias").reshape(H, 3, Dh)
+    for j, n in enumerate("qkv"):
+        out[b + ("attn", f"w{n}")] = np.transpose(w[:, j], (2, 0, 1))
+        out[b + ("attn", "biases", n)] = bias[:, j]
+
+
+def _neox_like_params(hf, tensors, spec, *, root, embed, head, final, attn):
+    t, out = _Tensors(tensors), {}
+    H, Dh = spec.num_heads, spec.head_dim
+    _head(out, spec, t, f"{root}.{embed}.weight", head)
+    _norm(out, ("final_norm",), t, f"{root}.{final}", "layer")
+    if spec.norm.embed_norm:
+        _norm(out, ("embed_norm",), t, f"{root}.word_embeddings_layernorm", "layer")
+    layers = "h" if root == "transformer" else "layers"
+    for i in range(spec.num_layers):
+        p, b = f"{root}.{layers}.{i}.", ("blocks", i)
+        _fused_qkv(out, b, t, p + attn + ".query_key_value", spec)
+        out[b + ("attn", "wo")] = _heads_out(t(p + attn + ".dense.weight"), H, Dh)
+        out[b + ("attn", "biases", "o")] = t(p + attn + ".dense.bias")
+        out[b + ("mlp", "w1")] = t(p + "mlp.dense_h_to_4h.weight").T
+        out[b + ("mlp", "b1")] = t(p + "mlp.dense_h_to_4h.bias")
+        out[b + ("mlp", "w2")] = t(p + "mlp.dense_4h_to_h.weight").T
+        out[b + ("mlp", "b2")] = t(p + "mlp.dense_4h_to_h.bias")
+        _norm(out, b + ("norm1",), t, p + "input_layernorm", "layer")
+        _norm(out, b + ("norm2",), t, p + "post_attention_layernorm", "layer")
+    t.done()
+    return out
+
+
+def _neox_params(hf, tensors, spec):
+    return _neox_like_params(hf, tensors, spec, root="gpt_neox", embed="embed_in",
+                             head="embed_out.weight", final="final_layer_norm", attn="attention")
+
+
+def _bloom_params(hf, tensors, spec):
+    tensors = {k if k.startswith("transformer.") or k == "lm_head.weight" else f"transformer.{k}": v
+               for k, v in tensors.items()}  # some BLOOM checkpoints drop the prefix
+    return _neox_like_params(hf, tensors, spec, root="transformer", embed="word_embeddings",
+                             head="lm_head.weight", final="ln_f", attn="self_attention")
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family("llama3", _llama_like("llama3"), _llama_params),
+    "mistral": Family("mistral", _llama_like("mistral"), _llama_params),
+    "qwen2": Family("qwen2", _llama_like("qwen2"), _llama_params),
+    "phi3": Family("phi3", _llama_like("phi3"), _llama_params),
+    "gemma2": Family("gemma2", _gemma("gemma2"), _llama_params),
+    "gemma3_text": Family("gemma3", _gemma("gemma3"), _llama_params),
+    "llama4_text": Family("llama4", _llama4_fields,
+                          lambda hf, t, s: _llama_params(hf, t, s, mlp="feed_forward")),
+    "gpt_neox": Family("gpt_neox", _neox_fields, _neox_params),
+    "bloom": Family("bloom", _bloom_fields, _bloom_params),
+}
+
+
+def family(hf: dict) -> Family:
+    """The family of a ``config.json``; ValueError naming an unsupported architecture."""
+    kind = hf.get("model_type")
+    if kind not in FAMILIES:
+        arch = hf.get("architectures")
+        raise ValueError(f"unsupported architecture model_type={kind!r} (architectures {arch}); "
+                         f"posenc.hf loads: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[kind]

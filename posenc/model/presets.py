@@ -1,0 +1,110 @@
+"""Model-family presets: the architecture of a family as dotted ``model.*`` config fields.
+
+``PRESETS[name]`` is a plain dict ``{"model.field": value}``, applied to a
+config with ``posenc.training.overrides.apply(config, PRESETS[name])``
+(configs/default.py's ``:gemma3`` etc.) and the starting point of
+``posenc.hf`` for a checkpoint of the family, which then sets the
+checkpoint's own sizes, RoPE scaling, window and the exact layer pattern.
+Each preset holds what makes the family's layers what they are (norms and
+their placement, MLP, biases, RoPE base and layout, spans, soft-caps, QK-norm,
+logit scale, the per-layer options of ``model.position.layers``); sizes stay
+the config's, except ``model.num_layers`` where a layer pattern needs a whole
+period (Gemma 3: 6, Llama 4 and SWAN-GPT: 4). Values are the published
+models' (the HF configs of the named checkpoint); a preset used at a small
+scale (configs/default.py) changes the window / chunk after applying it.
+"""
+
+from __future__ import annotations
+
+_LLAMA_LIKE = {
+    "model.position.kind": "rope",
+    "model.norm.kind": "rms",
+    "model.norm.placement": "pre",
+    "model.mlp": "swiglu",
+    "model.tie_embeddings": False,
+}
+
+_GEMMA = {
+    "model.position.kind": "rope",
+    "model.position.rope.base": 10000.0,
+    "model.norm.kind": "rms_offset",  # (1 + w) gains
+    "model.norm.placement": "sandwich",  # input / post-attention, pre- / post-feedforward norms
+    "model.norm.eps": 1e-6,
+    "model.norm.embed_scale": True,  # embeddings times sqrt(d_model)
+    "model.mlp": "geglu",  # gelu_pytorch_tanh gate
+    "model.tie_embeddings": True,
+}
+
+PRESETS: dict[str, dict] = {
+    # Llama 3.1 / 3.2: RoPE 500k with the llama3 frequency scaling (factor 8 from 8192 tokens)
+    "llama3": {**_LLAMA_LIKE, "model.norm.eps": 1e-5,
+               "model.position.rope.base": 500000.0,
+               "model.position.rope.scaling": "llama3", "model.position.rope.factor": 8.0,
+               "model.position.rope.original_length": 8192,
+               "model.position.rope.low_freq_factor": 1.0,
+               "model.position.rope.high_freq_factor": 4.0},
+    # Mistral 7B v0.1: every layer a sliding window of 4096
+    "mistral": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.position.rope.base": 10000.0,
+                "model.attention_span": "window", "model.attention_window": 4096},
+    # Qwen2 / 2.5: RoPE 1e6, q / k / v biases. Its HF code has no log-n scaling (Qwen-1's
+    # use_logn_attn: the "qwen" preset); sliding windows are off in the released configs.
+    "qwen2": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.position.rope.base": 1e6,
+              "model.bias": "qkv"},
+    # Qwen-1 (trust_remote_code, not in transformers): log-n attention past the 2048 training tokens
+    "qwen": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.position.rope.base": 10000.0,
+             "model.bias": "qkv", "model.logit_scale.kind": "logn",
+             "model.logit_scale.train_length": 2048},
+    # Gemma 2: soft-capped attention (50) and output (30) logits, window and global layers alternate
+    "gemma2": {**_GEMMA, "model.num_layers": 2, "model.attention_span": "window",
+               "model.attention_window": 4096, "model.global_every": 2,
+               "model.norm.attn_softcap": 50.0, "model.norm.final_softcap": 30.0},
+    # Gemma 3 (4B and up): 5 window layers (1024) : 1 global, RoPE 10k on the window layers and
+    # 1M on the global ones, QK-norm. (Gemma 3 4B+ also scale the global RoPE linearly by 8 and
+    # Gemma 3 1B uses a window of 512: posenc.hf reads both from the checkpoint.)
+    "gemma3": {**_GEMMA, "model.num_layers": 6, "model.attention_span": "window",
+               "model.attention_window": 1024, "model.global_every": 6,
+               "model.norm.qk_norm": "rms",
+               "model.position.layers": ({"every": 6, "offset": 5, "rope.base": 1e6},)},
+    # Llama 4 (Scout / Maverick text layers): chunked attention (8192) on the RoPE layers, a global
+    # NoPE layer every 4th with the attention temperature, weight-free QK-norm after RoPE on the
+    # RoPE layers only, RoPE 500k with interleaved pairs (its complex rotation)
+    "llama4": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.num_layers": 4,
+               "model.position.rope.base": 500000.0, "model.position.rope.layout": "interleaved",
+               "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},),
+               "model.attention_span": "chunk", "model.attention_chunk": 8192,
+               "model.global_every": 4,
+               "model.norm.qk_norm": "rms_plain", "model.norm.qk_norm_layers": "positional",
+               "model.norm.qk_norm_after_rope": True,
+               "model.logit_scale.kind": "temperature", "model.logit_scale.layers": "nope",
+               "model.logit_scale.floor_scale": 8192.0, "model.logit_scale.attn_scale": 0.1},
+    # SWAN-GPT: sliding-window RoPE layers, a global NoPE layer every 4th with log-n scaling
+    "swan": {"model.position.kind": "rope", "model.num_layers": 4,
+             "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},),
+             "model.attention_span": "window", "model.attention_window": 512,
+             "model.global_every": 4,
+             "model.logit_scale.kind": "logn", "model.logit_scale.layers": "nope"},
+    # GPT-NeoX / Pythia: rotary on the first 25% of each head, parallel attention and MLP,
+    # LayerNorm with bias, biases everywhere, exact GELU
+    "gpt_neox": {"model.position.kind": "rope", "model.position.rope.base": 10000.0,
+                 "model.position.rope.rotary_fraction": 0.25, "model.norm.kind": "layer",
+                 "model.norm.eps": 1e-5, "model.parallel_residual": True, "model.bias": "all",
+                 "model.mlp": "gelu_erf", "model.tie_embeddings": False},
+    # Phi-3: Llama-like; the 128k models scale RoPE with LongRoPE (per-checkpoint short / long
+    # factors, original length 4096: posenc.hf reads them)
+    "phi3": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.position.rope.base": 10000.0},
+    # BLOOM: ALiBi, LayerNorm after the embedding, biases everywhere, tanh GELU, tied head
+    "bloom": {"model.position.kind": "alibi", "model.norm.kind": "layer", "model.norm.eps": 1e-5,
+              "model.norm.embed_norm": True, "model.bias": "all", "model.mlp": "gelu",
+              "model.tie_embeddings": True},
+    # T5-style relative bias with unscaled logits (T5 folds 1 / sqrt(d) into its init), RMSNorm,
+    # gated GELU (T5 v1.1), one bias table shared by every layer
+    "t5": {"model.position.kind": "t5", "model.attention_scale": 1.0, "model.norm.kind": "rms",
+           "model.norm.placement": "pre", "model.mlp": "geglu", "model.tie_embeddings": False},
+}
+
+
+def get(name: str) -> dict:
+    """A copy of preset ``name``; ValueError listing the presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}")
+    return dict(PRESETS[name])
