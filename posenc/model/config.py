@@ -47,9 +47,10 @@ def _kinds(name, value) -> tuple[str, ...]:
 
 
 def _rules(name, value) -> tuple:
-    if not isinstance(value, (tuple, list)) or not all(isinstance(r, dict) or hasattr(r, "keys") for r in value):
+    if not isinstance(value, (tuple, list)):
         raise ValueError(f"{name} must be a tuple of rules (mappings, posenc.model.layer_options); got {value!r}")
-    return tuple(dict(r) for r in value)  # each rule is checked against the layers by ModelSpec
+    # each rule is checked against the layers by ModelSpec (posenc.model.layer_options.resolve)
+    return tuple(dict(r) if hasattr(r, "keys") else r for r in value)
 
 
 def _spans(name, value) -> tuple[str, ...]:
