@@ -157,7 +157,7 @@ def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
     from posenc.training import step
     loss = step.masked_metrics(other(batch["inputs"]), batch["targets"], batch["mask"])["loss"]
     assert fitness(lam) == pytest.approx(float(np.exp(loss)), rel=1e-5)
-    assert fitness(np.ones(4)) != pytest.approx(fitness(lam), rel=1e-4)
+    assert fitness(np.ones(4)) != pytest.approx(fitness(np.array([1.0, 4.0, 16.0, 64.0])), rel=1e-4)
 
     found = rope_search.read_json(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
     long = np.asarray(found["long_factor"])
@@ -218,3 +218,35 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     kill_during_a_point(study_command("extend", "smoke", workdir), rng, kill=False)
     assert rows_lib.without_volatile(experiments.load_rows(workdir)) == rows_lib.without_volatile(reference)
     assert leftovers(workdir) == []
+
+
+def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
+    pytest.importorskip("safetensors")
+    from posenc import hf
+
+    model_dir = os.path.join(os.path.dirname(__file__), "data", "hf_models", "llama")
+    tokens = tmp_path / "corpus.bin"
+    np.random.default_rng(0).integers(0, 96, 6000).astype(np.uint16).tofile(tokens)  # the fixture's 96 ids
+    c = tiny_config()
+    c.base_hf = model_dir
+    c.base.task.options = {"tokens": str(tokens)}
+    c.base.task.train_length = 8
+    c.base.eval.update(batch_size=2, num_batches=1)
+    c.methods, c.factors, c.finetune_steps = ("default", "linear", "yarn"), (2,), (0,)
+    workdir = str(tmp_path / "ext")
+    rows = experiments.run("extend", c, workdir)
+    assert {(r["method"], r["eval_length"]) for r in rows} == {(m, n) for m in c.methods for n in (8, 16)}
+    # the default method is the checkpoint itself: its loss on the first held-out windows of 8 tokens
+    model = hf.load(model_dir)
+    run = study.hf_base(c)
+    batch = run.task.sequential_batch(0, 2, 8, split="eval")
+    from posenc.training import step
+
+    loss = step.masked_metrics(model(batch["inputs"]), batch["targets"], batch["mask"])["loss"]
+    base_row = next(r for r in rows if r["method"] == "default" and r["eval_length"] == 8)
+    assert base_row["loss"] == pytest.approx(float(loss), rel=1e-5)
+    linear = next(r for r in rows if r["method"] == "linear" and r["eval_length"] == 16)
+    assert np.isfinite(linear["loss"]) and linear["finetune_steps"] == 0
+    with pytest.raises(setup.ConfigError, match="base_run and base_hf both name a base model"):
+        c.base_run = workdir
+        engine.validate(experiments.study("extend"), c)

@@ -99,6 +99,9 @@ class ExtendConfig(Section):
     base = Sub(Run, "the base run's config (configs/default.py fields)")
     base_run = Field("", doc="a finished run's workdir to extend instead of training base (RoPE without "
                              "scaling; its own seed)")
+    base_hf = Field("", doc="a Hugging Face checkpoint directory (posenc.hf) to extend instead: its model "
+                            "with base.task (e.g. task.options.tokens of posenc.hf.tokenize) at L = "
+                            "base.task.train_length")
     seeds = Field((0,), _nonempty(lambda n, v: checks.integer(n, v, minimum=0)), "train.seed of each base run",
                   type=tuple)
     methods = Field(tuple(METHODS), _methods, "methods of METHODS", type=tuple)
@@ -111,6 +114,8 @@ class ExtendConfig(Section):
 
     @classmethod
     def check(cls, values, prefix):
+        if values["base_run"] and values["base_hf"]:
+            raise ValueError("base_run and base_hf both name a base model; give one")
         length = int(values["base"]["task"]["train_length"])
         for s in values["factors"]:
             if float(s) * length % 1:
@@ -118,22 +123,36 @@ class ExtendConfig(Section):
 
 
 def method_fields(method: str, factor: float, original_length: int, longrope=None) -> dict:
-    """The ``model.position.rope.*`` fields of ``method`` at factor s (``longrope``: a factor file)."""
+    """The ``model.position.rope.*`` fields of ``method`` at factor s (``longrope``: a factor file).
+
+    ``default`` changes nothing (the base's own RoPE: no scaling for a trained base, the
+    checkpoint's own for ``base_hf``); every other method sets its scaling and resets the
+    options of other scalings to their defaults, whatever the base had.
+    """
     from posenc import rope_scaling
+    from posenc.model import options as options_lib
+    from posenc.model.encodings.rope import RoPE
     from posenc.training import longrope as longrope_lib
 
+    if method == "default":
+        return {}
     if method == "longrope":
         if longrope is None:
             raise ValueError("method 'longrope' needs searched factors")
-        return longrope_lib.rope_fields(longrope)
-    scaling, extra = METHODS[method]
-    used = rope_scaling.KEYWORDS[scaling]
-    fields = {"model.position.rope.scaling": scaling}
-    if "factor" in used and method not in _ADAPTIVE:
-        fields["model.position.rope.factor"] = float(factor)
-    if "original_length" in used:
-        fields["model.position.rope.original_length"] = int(original_length)
-    fields.update({f"model.position.rope.{k}": v for k, v in extra.items()})
+        fields = longrope_lib.rope_fields(longrope)
+    else:
+        scaling, extra = METHODS[method]
+        used = rope_scaling.KEYWORDS[scaling]
+        fields = {"model.position.rope.scaling": scaling}
+        if "factor" in used and method not in _ADAPTIVE:
+            fields["model.position.rope.factor"] = float(factor)
+        if "original_length" in used:
+            fields["model.position.rope.original_length"] = int(original_length)
+        fields.update({f"model.position.rope.{k}": v for k, v in extra.items()})
+    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
+    scaling_options = {k for ks in rope_scaling.KEYWORDS.values() for k in ks} - {"base", "seq_len"}
+    for name in sorted(scaling_options & set(defaults)):
+        fields.setdefault(f"model.position.rope.{name}", defaults[name])
     return fields
 
 
@@ -197,6 +216,32 @@ def study_row(row: dict, *, method: str, factor: float, seed: int, length: int, 
     return out
 
 
+def hf_base(config):
+    """The run of a Hugging Face base (``base_hf``): ``base`` with the checkpoint's model section."""
+    from posenc import hf
+    from posenc.training import setup
+
+    c = setup.plain_copy(config.base)
+    model = hf.config(config.base_hf)
+    c.model = setup.plain_copy(model)
+    if c.task.name == "text" and c.task.options.get("vocab_size") is None:
+        c.task.options["vocab_size"] = int(model.vocab_size)  # the checkpoint's vocabulary, all of it
+    return _resolve(c, f"base_hf {config.base_hf}")
+
+
+def hf_run(config):
+    """The Hugging Face base as a finished run (its parameters; no checkpoint record of posenc's)."""
+    from flax import nnx
+
+    from posenc import hf
+    from posenc.training import finetune, records
+
+    resolved = hf_base(config)
+    model = hf.load(config.base_hf)
+    return finetune.FinishedRun(workdir=config.base_hf, resolved=resolved, params=nnx.state(model, nnx.Param),
+                                record=records.CheckpointRecord())
+
+
 def _resolve(config, where: str):
     from posenc.training import setup
 
@@ -217,7 +262,10 @@ class Extend(engine.Study):
         from posenc.training import finetune, setup
 
         bases = []
-        if config.base_run:
+        if config.base_hf:
+            resolved = hf_base(config)
+            bases.append((int(resolved.config.train.seed), resolved, None))
+        elif config.base_run:
             base = finetune.load_run(config.base_run)
             bases.append((int(base.resolved.config.train.seed), base.resolved, None))
         else:
@@ -228,7 +276,10 @@ class Extend(engine.Study):
         points = []
         for seed, resolved, base_cfg in bases:
             pos = resolved.spec.position
-            if set(pos.layer_kinds) != {"rope"} or pos.options["rope"]["scaling"] != "default":
+            if config.base_hf:  # the checkpoint's own RoPE (its scaling too) is the method "default"
+                if "rope" not in pos.layer_kinds:
+                    raise ConfigError(f"base_hf {config.base_hf} has no RoPE layer to extend")
+            elif set(pos.layer_kinds) != {"rope"} or pos.options["rope"]["scaling"] != "default":
                 raise ConfigError(f"the base run must be RoPE without scaling in every layer; it has "
                                   f"layers {sorted(set(pos.layer_kinds))}")
             base_name = f"base_s{seed}"
@@ -262,6 +313,8 @@ class Extend(engine.Study):
     def _base(self, ctx, seed: int):
         from posenc.training import finetune
 
+        if ctx.config.base_hf:
+            return hf_run(ctx.config)
         return finetune.load_run(ctx.config.base_run or ctx.run_dir(f"base_s{seed}"))
 
     def _run_one(self, point, ctx) -> list[dict]:
