@@ -24,7 +24,7 @@ from flax import nnx
 from configs import default
 from posenc import alibi, logit_scale
 from posenc.model import Decoder, ModelSpec
-from posenc.model.attention import attention, blocked_attention
+from posenc.model.attention import AttentionCall, attention, blocked_attention
 
 SLOW = bool(os.environ.get("POSENC_SLOW"))
 B, L, H, K, DH = 2, 13, 4, 2, 8
@@ -66,14 +66,15 @@ def test_spans_in_dense_split_and_blocked_attention_match_the_masked_reference(s
 
     @jax.jit
     def run(q, k, v):
-        outs = [attention(q, k, v, pos, pos, enc, impl="dense", **kw),
-                attention(q, k, v, pos, pos, enc, impl="dense", causal_block=4, **kw),
-                attention(q, k, v, pos, pos, enc, impl="blocked", block=3, **kw)]
+        outs = [attention(q, k, v, pos, pos, enc, AttentionCall(impl="dense", **kw)),
+                attention(q, k, v, pos, pos, enc, AttentionCall(impl="dense", causal_block=4, **kw)),
+                attention(q, k, v, pos, pos, enc, AttentionCall(impl="blocked", block=3, **kw))]
         # queries at slots 6..12 of 13 keys, the last 2 slots unused (a cache)
-        cached = [attention(q[:, :7], k, v, pos[:, 6:], pos, enc, q_offset=6, kv_length=11,
-                            impl=impl, block=3, **kw) for impl in ("dense", "blocked")]
-        grads = [jax.grad(lambda q: jnp.sum(jnp.sin(attention(q, k, v, pos, pos, enc, impl=i,
-                                                                block=3, **kw))))(q)
+        cached = [attention(q[:, :7], k, v, pos[:, 6:], pos, enc,
+                            AttentionCall(q_offset=6, kv_length=11, impl=impl, block=3, **kw))
+                  for impl in ("dense", "blocked")]
+        grads = [jax.grad(lambda q: jnp.sum(jnp.sin(attention(
+            q, k, v, pos, pos, enc, AttentionCall(impl=i, block=3, **kw)))))(q)
                  for i in ("dense", "blocked")]
         return outs, cached, grads
 
@@ -112,8 +113,8 @@ def test_blocked_window_visits_only_the_key_blocks_of_the_span():
     pos = jnp.arange(64)[None]
 
     def lengths(**span):
-        jaxpr = jax.make_jaxpr(lambda q, k, v: blocked_attention(q, k, v, pos, pos, enc, scale=0.3,
-                                                                 block=8, **span))(q, k, v)
+        jaxpr = jax.make_jaxpr(lambda q, k, v: blocked_attention(
+            q, k, v, pos, pos, enc, AttentionCall(scale=0.3, block=8, **span)))(q, k, v)
         return _scan_lengths(jaxpr.jaxpr)
 
     assert lengths() == {0: [8], 1: [8]}
@@ -288,6 +289,7 @@ def test_bad_layout_fields_raise(fields, message):
     cfg.update(fields)
     with pytest.raises(ValueError, match=message):
         ModelSpec.from_config(cfg)
+
 
 
 _WINDOW_SCRIPT = textwrap.dedent(

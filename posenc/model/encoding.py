@@ -53,15 +53,18 @@ Data-dependent units (FoX, stick-breaking, PaTH) use these hooks as well:
 - ``feature_bias(q_features, k_features, *, causal)``: a logit bias [B, H,
   Lq, Lk] from the features (FoX's ``c_i - c_j``), like ``bias`` computed
   per (query block, key block), never as a full [L, L] array;
-- ``attention(q, k, v, q_positions, k_positions, *, q_features, k_features,
-  scale, causal, q_offset, kv_length, softcap, impl, block, return_stats)``: the
-  unit's own attention weights instead of the softmax (stick-breaking,
-  PaTH) -> [B, Lq, H, Dh] (and the stats dict with ``return_stats``). In
-  the full forward pass ``q_offset`` is 0 and q, k are the same tokens;
-  when decoding, k and v are the cache's buffers [B, S, K, Dh], the queries
-  sit at key indices ``q_offset + i`` and the slots from ``kv_length`` on
-  are unused. Units with their own attention list the spans they support in
-  ``spans`` (class attribute; default every span of :data:`SPANS`);
+- ``attention(q, k, v, q_positions, k_positions, call)``: the unit's own
+  attention weights instead of the softmax (stick-breaking, PaTH) ->
+  [B, Lq, H, Dh] (and the stats dict with ``call.stats``); ``call`` is the
+  ``posenc.model.attention.AttentionCall`` (scale, mask, offsets, span,
+  soft-cap, path, features). In the full forward pass ``call.q_offset`` is 0
+  and q, k are the same tokens; when decoding (``call.reads_cache``), k and v
+  are the cache's buffers [B, S, K, Dh], the queries sit at key indices
+  ``q_offset + i`` and the slots from ``kv_length`` on are unused. The spans
+  a layer of the unit may have are :meth:`Encoding.supported_spans` ("full"
+  only for units with their own attention unless they declare ``spans``),
+  the one rule config validation and attention both apply
+  (:meth:`Encoding.check_span`);
 - ``output(out, features)``: change the attention output [B, Lq, H, Dh]
   before the output projection (FoX (Pro)'s output gate);
 - ``update_cache(k_cache, features, *, start)``: rewrite the cached keys
@@ -136,7 +139,9 @@ class Encoding(nnx.Module):
     # position changes nothing (tests/test_position_invariance.py checks it through the decoder)
     relative: ClassVar[bool] = False
     cached_features: ClassVar[tuple[str, ...]] = ()  # features every key needs (kept by the cache)
-    spans: ClassVar[tuple[str, ...]] = SPANS  # attention spans the unit supports
+    # attention spans the unit supports; None: every span of SPANS, or "full" only for a unit
+    # with its own attention (which then sees the layer's window / chunk itself)
+    spans: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, options: dict, *, d_model: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, layer_index: int = 0, num_layers: int = 1, rngs: nnx.Rngs,
@@ -198,6 +203,34 @@ class Encoding(nnx.Module):
     def own_attention(cls) -> bool:
         """Computes its own attention weights (``attention``) instead of the softmax."""
         return overrides(cls, "attention")
+
+    @classmethod
+    def supported_spans(cls) -> tuple[str, ...]:
+        """The attention spans (of :data:`SPANS`) a layer of this unit may have.
+
+        ``spans`` when the unit declares it; otherwise every span for units
+        that use the softmax of ``posenc.model.attention`` (which applies the
+        span itself) and "full" only for units with their own ``attention``.
+        """
+        if cls.spans is not None:
+            return tuple(cls.spans)
+        return ("full",) if cls.own_attention() else SPANS
+
+    @classmethod
+    def check_span(cls, span: str, *, where: str = "", fields: str = "") -> None:
+        """ValueError unless a layer of this unit may have ``span`` (:meth:`supported_spans`).
+
+        The one rule: config validation (``posenc.model.layout``) and attention
+        (``posenc.model.attention.attention``) both call it. ``where`` says
+        what asked ("layer 3 has span 'window'"), ``fields`` the config fields to change.
+        """
+        allowed = cls.supported_spans()
+        if span in allowed:
+            return
+        name = cls.name or cls.__qualname__
+        what = "computes its own attention over" if cls.own_attention() else "supports"
+        raise ValueError(f"{where or f'span {span!r}'}, but position kind {name!r} {what} spans "
+                         f"{', '.join(allowed)} only" + (f" ({fields})" if fields else ""))
 
     @classmethod
     def has_kernel_form(cls) -> bool:
@@ -265,8 +298,7 @@ class Encoding(nnx.Module):
     def feature_bias(self, q_features, k_features, *, causal):
         return None
 
-    def attention(self, q, k, v, q_positions, k_positions, *, q_features, k_features, scale,
-                  causal, q_offset, kv_length, softcap, impl, block, return_stats):
+    def attention(self, q, k, v, q_positions, k_positions, call):
         return None
 
     def output(self, out, features):
