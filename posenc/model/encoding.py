@@ -88,11 +88,15 @@ training length) carry the original length.
 
 Positions arrive as int32 ``[B, L]`` or ``[1, L]`` (shared by the batch);
 every method must broadcast them against the batch of q and k.
+
+A unit with a ``bias`` but no ``kernel_terms`` is told once, at registration
+(:class:`NoKernelFormWarning`), that it runs the XLA path on GPU / TPU.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from typing import ClassVar
 
 from flax import nnx
@@ -313,6 +317,28 @@ def overrides(cls, method: str) -> bool:
     return getattr(cls, method) is not getattr(Encoding, method)
 
 
+class NoKernelFormWarning(UserWarning):
+    """A unit's bias has no in-kernel form: on GPU / TPU its attention runs the XLA path."""
+
+
+_TOLD: set[type] = set()  # classes already told (once per class)
+
+
+def _tell_no_kernel_form(cls) -> None:
+    """Warn once per class that a ``bias`` without ``kernel_terms`` keeps the XLA path on GPU / TPU."""
+    if cls in _TOLD or not overrides(cls, "bias") or overrides(cls, "kernel_terms"):
+        return
+    _TOLD.add(cls)
+    others = [m for m in ("content_logits", "values", "feature_bias", "attention", "output",
+                          "prepare") if overrides(cls, m)]
+    advice = (f" (its {', '.join(others)} keep it there as well)" if others else
+              "; define kernel_terms (posenc.kernels.score_term terms) for the fused kernel")
+    warnings.warn(f"encoding {cls.name!r} ({cls.__module__}.{cls.__qualname__}) has a bias but no "
+                  "kernel_terms: on GPU / TPU its attention runs the XLA path "
+                  f"(posenc.model.attention), not the fused Pallas kernel{advice}",
+                  NoKernelFormWarning, stacklevel=3)
+
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -337,6 +363,7 @@ def register_encoding(name: str):
             raise ValueError(f"{cls.__qualname__} is already registered as {cls.name!r}")
         cls.name = name
         ENCODINGS[name] = cls
+        _tell_no_kernel_form(cls)
         return cls
 
     return decorate
