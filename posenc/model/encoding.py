@@ -89,8 +89,12 @@ training length) carry the original length.
 Positions arrive as int32 ``[B, L]`` or ``[1, L]`` (shared by the batch);
 every method must broadcast them against the batch of q and k.
 
-A unit with a ``bias`` but no ``kernel_terms`` is told once, at registration
-(:class:`NoKernelFormWarning`), that it runs the XLA path on GPU / TPU.
+docs/api.md ("The encoding protocol") gives every hook's arguments, shapes,
+dtypes and return value and when attention calls it (full forward, blocked
+path, decoding with a cache); ``posenc.model.check_encoding`` runs a unit
+through the properties they must keep. A unit with a ``bias`` but no
+``kernel_terms`` is told once, at registration (:class:`NoKernelFormWarning`),
+that it runs the XLA path on GPU / TPU.
 """
 
 from __future__ import annotations
