@@ -149,3 +149,15 @@ def test_a_bias_without_kernel_terms_is_told_once_per_class_that_it_runs_the_xla
         for name, cls in ENCODINGS.items():  # no built-in is told
             if cls.__module__.startswith("posenc.model.encodings."):
                 encoding_lib._tell_no_kernel_form(cls)
+
+
+def test_api_docs_describe_every_member_of_the_encoding_protocol():
+    """Every public hook, declaration, class fact and derived fact of Encoding is in the protocol
+    section of docs/api.md, so a new hook cannot go undocumented."""
+    api = open(os.path.join(ROOT, "docs", "api.md")).read()
+    start = api.index("## The encoding protocol")
+    section = api[start:api.index("\n## ", start + 1)]
+    members = sorted(n for n in vars(Encoding) if not n.startswith("_"))
+    assert {"bias", "prepare", "attention", "update_cache", "relative", "spans"} <= set(members)
+    missing = [n for n in members if f"`{n}" not in section]
+    assert not missing, f"docs/api.md does not describe Encoding.{', '.join(missing)}"
