@@ -6,7 +6,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.model import ENCODINGS, Decoder, ModelSpec, model_config
+from posenc.model import ENCODINGS, Decoder, ModelSpec, conformance, model_config
+
+# The library's conformance building blocks (posenc.model.conformance), shared by the tests.
+decode_stepwise = conformance.decode_stepwise
+perturb_params = conformance.perturb_params
 
 TRAIN_LENGTH = 16  # fills options that take the training length (RoPE original_length, table rows)
 
@@ -43,15 +47,6 @@ def decoder(kind="rope", *, seed=0, train_length=TRAIN_LENGTH, perturb=0.0, **kw
     return model
 
 
-def perturb_params(model, key, scale):
-    """Add N(0, scale^2) noise to every parameter of ``model`` in place (one key per leaf)."""
-    state = nnx.state(model, nnx.Param)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(key, len(leaves))
-    noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    nnx.update(model, jax.tree.unflatten(tree, noisy))
-
-
 def attention_kinds():
     """Every registered kind that acts inside attention (input-embedding kinds are NoPE there)."""
     return sorted(k for k, cls in ENCODINGS.items() if not cls.acts_at_input())
@@ -69,24 +64,11 @@ def decode_in_pieces(model, tokens, first, max_length):
     @jax.jit
     def run(state, tokens):
         m = nnx.merge(g, state)
-        cache = m.init_cache(tokens.shape[0], max_length)
-        a, cache = m.decode(tokens[:, :first], cache)
-        b, cache = m.decode(tokens[:, first:], cache)
-        return m(tokens), a, b, cache, m(tokens, 77 + 3 * jnp.arange(tokens.shape[1]))
+        out, cache = conformance.decode_in_pieces(m, tokens, (first,), max_length)
+        return (m(tokens), out[:, :first], out[:, first:], cache,
+                m(tokens, 77 + 3 * jnp.arange(tokens.shape[1])))
 
     return run(state, tokens)
-
-
-def decode_stepwise(m, tokens, first, max_length, positions=None):
-    """Inside a jit: cached decoding of tokens[:, :first] (at positions[:first] when given), then one
-    token per call, positions continuing from the cache -> (logits [B, L, V], cache)."""
-    cache = m.init_cache(tokens.shape[0], max_length)
-    out, cache = m.decode(tokens[:, :first], cache, *(() if positions is None else (positions[:first],)))
-    outs = [out]
-    for t in range(first, tokens.shape[1]):
-        out, cache = m.decode(tokens[:, t:t + 1], cache)
-        outs.append(out)
-    return jnp.concatenate(outs, axis=1), cache
 
 
 def grid_points(config, study="compare"):

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import helpers
-from posenc.model.attention import attention, dense_attention
+from posenc.model.attention import AttentionCall, attention, dense_attention
 
 B, L, H, K, DH, BLOCK = 2, 13, 4, 2, 8, 4  # L not a multiple of BLOCK; GQA 4 heads / 2 kv heads
 
@@ -49,10 +49,10 @@ def _run(enc, *, causal=True, softcap=0.0, return_stats=False):
         # Data-dependent units (FoX, PaTH) take their per-token terms from a layer input.
         q, k, v, feats, _ = e.prepare(x, q, k, v, positions, state=e.init_state(B))
         qq, kk = e.qk(q, k, positions, positions, seq_len=L)
-        res = attention(qq, kk, v, positions, positions, e, scale=1 / math.sqrt(DH),
-                        causal=causal, softcap=softcap, impl=impl, block=BLOCK,
-                        causal_block=causal_block, return_stats=return_stats, q_features=feats,
-                        k_features={n: feats[n] for n in type(e).cached_features})
+        res = attention(qq, kk, v, positions, positions, e, AttentionCall(
+            scale=1 / math.sqrt(DH), causal=causal, softcap=softcap, impl=impl, block=BLOCK,
+            causal_block=causal_block, stats=return_stats, q_features=feats,
+            k_features={n: feats[n] for n in type(e).cached_features}))
         return res if return_stats else (res, None)
 
     def loss(params, q, k, v, impl):
@@ -113,8 +113,8 @@ def test_dense_fast_path_matches_manual_path():
     enc = _encoding("alibi")
     q, k, v, positions, _ = _inputs(1)
     kw = dict(scale=1 / math.sqrt(DH))
-    fast = dense_attention(q, k, v, positions, positions, enc, **kw)
-    manual, _ = dense_attention(q, k, v, positions, positions, enc, return_stats=True, **kw)
+    fast = dense_attention(q, k, v, positions, positions, enc, AttentionCall(**kw))
+    manual, _ = dense_attention(q, k, v, positions, positions, enc, AttentionCall(stats=True, **kw))
     _close(fast, manual, rtol=1e-5, atol=1e-6)
 
 
@@ -124,10 +124,10 @@ def test_causal_blocks_with_offset_and_kv_length_match_one_block(q_offset, kv_le
     visible (kv_length 0) gives zeros in both."""
     enc = _encoding("t5")
     q, k, v, positions, _ = _inputs(3)
-    kw = dict(scale=0.5, q_offset=q_offset, kv_length=kv_length, return_stats=True)
+    kw = dict(scale=0.5, q_offset=q_offset, kv_length=kv_length, stats=True)
     qs, qp = q[:, : L - 6], positions[:, : L - 6]
-    one, st1 = dense_attention(qs, k, v, qp, positions, enc, **kw)
-    split, st2 = dense_attention(qs, k, v, qp, positions, enc, causal_block=3, **kw)
+    one, st1 = dense_attention(qs, k, v, qp, positions, enc, AttentionCall(**kw))
+    split, st2 = dense_attention(qs, k, v, qp, positions, enc, AttentionCall(causal_block=3, **kw))
     _close((one, st1), (split, st2), rtol=1e-5, atol=1e-6)
     if kv_length == 0:
         assert float(jnp.abs(split).max()) == 0.0
@@ -137,10 +137,10 @@ def test_causal_mask_by_index_and_offset():
     """A query at index q_offset + i sees keys 0..q_offset + i and no later ones."""
     enc = _encoding("nope")
     q, k, v, positions, _ = _inputs(2)
-    out = attention(q[:, :1], k, v, positions[:, 3:4], positions, enc, scale=0.5, q_offset=3,
-                    impl="dense")
+    out = attention(q[:, :1], k, v, positions[:, 3:4], positions, enc,
+                    AttentionCall(scale=0.5, q_offset=3, impl="dense"))
     ref = attention(q[:, :1], k[:, :4], v[:, :4], positions[:, 3:4], positions[:, :4], enc,
-                    scale=0.5, causal=False, impl="dense")
+                    AttentionCall(scale=0.5, causal=False, impl="dense"))
     _close(out, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -148,7 +148,7 @@ def test_unknown_impl_raises():
     enc = _encoding("nope")
     q, k, v, positions, _ = _inputs()
     with pytest.raises(ValueError, match="unknown attention_impl 'flash'.*auto, dense, blocked"):
-        attention(q, k, v, positions, positions, enc, scale=1.0, impl="flash")
+        attention(q, k, v, positions, positions, enc, AttentionCall(scale=1.0, impl="flash"))
 
 
 _MEMORY_SCRIPT = textwrap.dedent(
@@ -177,3 +177,43 @@ def test_evaluation_at_16k_tokens_fits_in_2gb():
                          timeout=600, check=True)
     peak_kb = int(res.stdout.strip().splitlines()[-1])
     assert peak_kb < 2 * 1024 * 1024, f"peak RSS {peak_kb / 1024:.0f} MB"
+
+
+def test_attention_call_is_a_pytree_traced_offsets_leaves_options_static():
+    """Offsets, kv_length and scale are leaves (traced under jit: one compile for every cache
+    length); the span and the path are aux data (another value is another program)."""
+    enc = _encoding("alibi")
+    q, k, v, positions, _ = _inputs(4)
+    call = AttentionCall(scale=0.5, q_offset=3, kv_length=9, window=4, impl="dense")
+    leaves, tree = jax.tree.flatten(call)
+    assert leaves == [0.5, 3, 9]
+    assert jax.tree.unflatten(tree, leaves).window == 4
+    assert jax.tree.structure(call.replace(window=2)) != tree
+    assert jax.tree.structure(call.replace(q_offset=5)) == tree
+    traced = []
+
+    @jax.jit
+    def run(call):
+        traced.append(isinstance(call.q_offset, jax.core.Tracer))
+        return attention(q[:, :4], k, v, positions[:, 3:7], positions, enc, call)
+
+    want = attention(q[:, :4], k, v, positions[:, 3:7], positions, enc, call)
+    _close(run(call), want, rtol=1e-6, atol=1e-6)
+    _close(run(call.replace(q_offset=4, kv_length=10)),
+           attention(q[:, :4], k, v, positions[:, 3:7], positions, enc,
+                     call.replace(q_offset=4, kv_length=10)), rtol=1e-6, atol=1e-6)
+    assert traced == [True]  # one trace for both offsets
+    assert call.span == "window" and AttentionCall(scale=1.0, chunk=3).span == "chunk"
+    assert AttentionCall(scale=1.0).span == "full"
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(window=4, chunk=8), "a layer has one span: window=4 and chunk=8 are both set"),
+    (dict(impl="flash"), "unknown attention_impl 'flash'"),
+    (dict(block=0), "AttentionCall.block must be an int >= 1; got 0"),
+    (dict(window=-1), "AttentionCall.window must be an int >= 0; got -1"),
+    (dict(stats=1), "AttentionCall.stats must be a bool; got 1"),
+])
+def test_bad_attention_calls_raise(fields, message):
+    with pytest.raises(ValueError, match=message):
+        AttentionCall(scale=1.0, **fields)

@@ -23,8 +23,9 @@ from flax import nnx
 
 from configs import default
 from posenc import alibi, logit_scale
-from posenc.model import Decoder, ModelSpec
-from posenc.model.attention import attention, blocked_attention
+from posenc.model import ENCODINGS, Decoder, Encoding, ModelSpec, conformance
+from posenc.model.attention import AttentionCall, attention, blocked_attention
+from posenc.model.encoding import SPANS
 
 SLOW = bool(os.environ.get("POSENC_SLOW"))
 B, L, H, K, DH = 2, 13, 4, 2, 8
@@ -66,14 +67,15 @@ def test_spans_in_dense_split_and_blocked_attention_match_the_masked_reference(s
 
     @jax.jit
     def run(q, k, v):
-        outs = [attention(q, k, v, pos, pos, enc, impl="dense", **kw),
-                attention(q, k, v, pos, pos, enc, impl="dense", causal_block=4, **kw),
-                attention(q, k, v, pos, pos, enc, impl="blocked", block=3, **kw)]
+        outs = [attention(q, k, v, pos, pos, enc, AttentionCall(impl="dense", **kw)),
+                attention(q, k, v, pos, pos, enc, AttentionCall(impl="dense", causal_block=4, **kw)),
+                attention(q, k, v, pos, pos, enc, AttentionCall(impl="blocked", block=3, **kw))]
         # queries at slots 6..12 of 13 keys, the last 2 slots unused (a cache)
-        cached = [attention(q[:, :7], k, v, pos[:, 6:], pos, enc, q_offset=6, kv_length=11,
-                            impl=impl, block=3, **kw) for impl in ("dense", "blocked")]
-        grads = [jax.grad(lambda q: jnp.sum(jnp.sin(attention(q, k, v, pos, pos, enc, impl=i,
-                                                                block=3, **kw))))(q)
+        cached = [attention(q[:, :7], k, v, pos[:, 6:], pos, enc,
+                            AttentionCall(q_offset=6, kv_length=11, impl=impl, block=3, **kw))
+                  for impl in ("dense", "blocked")]
+        grads = [jax.grad(lambda q: jnp.sum(jnp.sin(attention(
+            q, k, v, pos, pos, enc, AttentionCall(impl=i, block=3, **kw)))))(q)
                  for i in ("dense", "blocked")]
         return outs, cached, grads
 
@@ -112,8 +114,8 @@ def test_blocked_window_visits_only_the_key_blocks_of_the_span():
     pos = jnp.arange(64)[None]
 
     def lengths(**span):
-        jaxpr = jax.make_jaxpr(lambda q, k, v: blocked_attention(q, k, v, pos, pos, enc, scale=0.3,
-                                                                 block=8, **span))(q, k, v)
+        jaxpr = jax.make_jaxpr(lambda q, k, v: blocked_attention(
+            q, k, v, pos, pos, enc, AttentionCall(scale=0.3, block=8, **span)))(q, k, v)
         return _scan_lengths(jaxpr.jaxpr)
 
     assert lengths() == {0: [8], 1: [8]}
@@ -291,6 +293,77 @@ def test_bad_layout_fields_raise(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelSpec.from_config(cfg)
 
+
+
+class WindowedMean(Encoding):
+    """Its own attention (the mean of the visible values), over full and window spans."""
+
+    spans = ("full", "window")
+
+    def attention(self, q, k, v, q_positions, k_positions, call):
+        lq, lk = q.shape[1], k.shape[1]
+        p, j = call.q_offset + jnp.arange(lq)[:, None], jnp.arange(lk)[None, :]
+        visible = (j <= p) & (j < call.num_keys(lk))
+        if call.window:
+            visible &= j > p - call.window
+        w = visible / visible.sum(-1, keepdims=True)
+        vr = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+        return jnp.einsum("qk,bkhd->bqhd", w, vr.astype(jnp.float32)).astype(q.dtype)
+
+
+class FullMean(WindowedMean):
+    """The same without a span declaration: a unit with its own attention supports "full" only."""
+
+    spans = None
+
+
+SPAN_FIELDS = {"full": {}, "window": dict(attention_window=4), "chunk": dict(attention_chunk=4)}
+
+
+@pytest.mark.parametrize("kind", sorted(ENCODINGS) + [WindowedMean, FullMean],
+                         ids=lambda k: k if isinstance(k, str) else k.__name__)
+def test_what_validation_accepts_attention_runs_and_vice_versa(kind):
+    """Encoding.check_span is the one span rule: a span config validation accepts is one attention
+    runs for the unit, and one it refuses attention refuses (traced only: nothing compiles)."""
+    q, k, v = _qkv(L, L)
+    pos = jnp.arange(L)[None]
+    with conformance.registered(kind) as name:
+        unit = helpers.decoder(name, num_layers=1).blocks[0].attn.encoding
+        for span in SPANS:
+            try:
+                helpers.spec(name, num_layers=1, attention_span=span, **SPAN_FIELDS[span])
+                validated = None
+            except ValueError as e:
+                validated = str(e)
+            call = AttentionCall(scale=0.3, **{f.split("_")[1]: n for f, n in SPAN_FIELDS[span].items()})
+            try:
+                jax.eval_shape(lambda q, k, v: attention(q, k, v, pos, pos, unit, call), q, k, v)
+                ran = None
+            except ValueError as e:
+                ran = str(e)
+            assert (validated is None) == (ran is None), (name, span, validated, ran)
+            if validated is not None:
+                assert f"position kind {name!r}" in validated and f"position kind {name!r}" in ran
+    own = {"stickbreaking", "path", "path_fox"}
+    if kind in own or kind is FullMean:
+        assert ENCODINGS.get(kind, kind).supported_spans() == ("full",)
+    elif kind is WindowedMean:
+        assert kind.supported_spans() == ("full", "window")
+    else:
+        assert ENCODINGS[kind].supported_spans() == SPANS
+
+
+def test_a_unit_declaring_a_window_gets_it_in_its_own_attention():
+    with conformance.registered(WindowedMean) as name:
+        model = helpers.decoder(name, num_layers=1, attention_span="window", attention_window=3)
+    q, k, v = _qkv(L, L)
+    pos = jnp.arange(L)[None]
+    out = model.blocks[0].attn.encoding.attention(q, k, v, pos, pos,
+                                                   AttentionCall(scale=0.3, window=3))
+    vr = np.repeat(np.asarray(v), H // K, axis=2)
+    want = np.stack([vr[:, max(i - 2, 0):i + 1].mean(1) for i in range(L)], axis=1)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6, atol=1e-6)
+    assert model.blocks[0].attn.window == 3
 
 _WINDOW_SCRIPT = textwrap.dedent(
     """

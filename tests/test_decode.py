@@ -1,6 +1,5 @@
-"""KV-cache decoding: prefill + steps give the logits of the full forward pass."""
-
-import itertools
+"""KV-cache decoding: prefill + steps give the logits of the full forward pass (scaled RoPE,
+dynamic re-rotation, the cache's pytree and limits; every encoding: tests/test_conformance.py)."""
 
 import helpers
 import jax
@@ -9,8 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from posenc import registry
-from posenc.model import ENCODINGS, Decoder, ModelSpec
+from posenc.model import Decoder, ModelSpec
 
 L, PREFILL, OFFSET, MAX_LEN = 8, 5, 7, 11
 
@@ -29,43 +27,9 @@ def _tokens(batch=2, length=L):
     return jax.random.randint(jax.random.key(3), (batch, length), 0, 16)
 
 
-def _full_and_cached(cfg, positions, perturb=0.02):
-    """One jit: full-forward logits and prefill + step-by-step cached logits, [B, L, V] each.
-
-    Parameters are perturbed so that zero-initialised ones (CoPE embeddings) take part."""
-    model = Decoder(spec(cfg, train_length=MAX_LEN + OFFSET + 1), rngs=nnx.Rngs(0))
-    if perturb:
-        helpers.perturb_params(model, jax.random.key(7), perturb)
-    g, state = nnx.split(model)
-    tokens = _tokens()
-
-    @jax.jit
-    def run(state, tokens):
-        m = nnx.merge(g, state)
-        return (m(tokens, positions), *helpers.decode_stepwise(m, tokens, PREFILL, MAX_LEN, positions))
-
-    return run(state, tokens)
-
-
-# Every encoding, and every placement and norm kind, with as few models as possible:
-# encodings are paired with placements and norms in turn.
-_PLACEMENTS = itertools.cycle(registry.PLACEMENTS)
-_NORMS = itertools.cycle(registry.NORM_KINDS)
-CASES = [(kind, next(_PLACEMENTS), next(_NORMS)) for kind in sorted(ENCODINGS)]  # plugins included
-
-
-def test_cases_cover_every_placement_and_norm():
-    assert {p for _, p, _ in CASES} == set(registry.PLACEMENTS)
-    assert {n for _, _, n in CASES} == set(registry.NORM_KINDS)
-
-
-@pytest.mark.parametrize("kind,placement,norm", CASES)
-def test_cached_decoding_equals_full_forward(kind, placement, norm):
-    positions = OFFSET + jnp.arange(L)
-    full, cached, cache = _full_and_cached(small_config(kind, placement, norm), positions)
-    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), rtol=1e-5, atol=2e-5)
-    assert int(cache["length"]) == L
-    np.testing.assert_array_equal(np.asarray(cache["positions"][0, :L]), np.asarray(positions))
+# Cached decoding == the full forward for every registered encoding (token by token and in
+# pieces, each with a norm placement and norm kind in turn) is a check of
+# posenc.model.check_encoding: tests/test_conformance.py runs it over the registry.
 
 
 def test_cached_decoding_with_scaled_rope_and_gaps_in_positions():

@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import ROOT
 
-from posenc.config import cli, schema
+from posenc.config import cli
 from posenc.experiments import fields as fields_doc
 from posenc.training.schema import Run
 

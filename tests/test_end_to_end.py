@@ -119,8 +119,6 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
 
 def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):
     from posenc import experiments
-    from posenc.experiments import engine
-    from helpers import grid_points
 
     c = load("compare").get_config("quick")
     c.base = tiny()
@@ -148,7 +146,6 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
 
 
 def test_grid_expansion_and_overrides():
-    from posenc import experiments
     from posenc.experiments import engine
     from helpers import grid_points
 

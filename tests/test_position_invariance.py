@@ -6,7 +6,8 @@ non-contiguous positions.
 - rotary (RoPE, xPos through apply_pair, Transformer-XL): within 1e-4 for unit-scale q, k,
   thanks to the range-reduced angles (the canonical float32 angles drift past 1e-4 at 10^6);
 - bf16 RoPE: each logit within 2^-7 |q| |k| of the exact one at any offset (two bf16 roundings);
-- through the decoder: every unit that declares ``relative`` (dense and blocked attention);
+- through the decoder: every unit that declares ``relative`` (dense and blocked attention), by
+  ``posenc.model.check_encoding`` in tests/test_conformance.py;
 - FIRE: not shift invariant by design (max(i, L) normaliser); invariant are its distance
   term log(|c (i - j)| + 1) and the whole bias while every query stays below L.
 """
@@ -17,9 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-import helpers
 from posenc import alibi, fire, kerple, rope, shaw, t5, transformer_xl, xpos
 from posenc.model import ENCODINGS
 
@@ -205,18 +204,6 @@ def test_the_relative_declarations_are_the_encodings_relative_in_theory():
             "cope", "nope", "fox", "stickbreaking", "path", "path_fox"} <= set(RELATIVE)
 
 
-@pytest.mark.parametrize("kind", RELATIVE)
-def test_decoder_logits_are_shift_invariant_dense_and_blocked(kind):
-    # Every position moved by c (to 10^6 and past): the logits of the whole decoder, dense and
-    # blocked attention, equal those at positions 0 .. L - 1 within 1e-4.
-    tokens = helpers.tokens(length=12)
-    base_positions = jnp.tile(jnp.arange(12, dtype=jnp.int32), (2, 1))
-    for impl in ("dense", "blocked"):
-        model = helpers.decoder(kind, perturb=0.05, attention_impl=impl, attention_block=4)
-        graphdef, state = nnx.split(model)
-        forward = jax.jit(lambda state, p: nnx.merge(graphdef, state)(tokens, p, deterministic=True))
-        base = np.asarray(forward(state, base_positions))
-        assert np.isfinite(base).all()
-        for c in DECODER_SHIFTS:
-            np.testing.assert_allclose(np.asarray(forward(state, base_positions + c)), base, rtol=0, atol=1e-4,
-                                       err_msg=f"{kind} {impl} shift {c}")
+# Through the decoder: the logits of every unit declaring ``relative``, dense and blocked, at
+# positions moved by 4097 and 10^6 equal those at 0..L-1 within 1e-4 -- the "shift invariance"
+# check of posenc.model.check_encoding, run over the registry by tests/test_conformance.py.

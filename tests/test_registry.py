@@ -109,3 +109,55 @@ def test_every_listed_norm_and_qk_norm_runs():
     for kind in registry.QK_NORMS:
         qn, kn = stability.qk_norm(kind, q, q, stability.qk_norm_init(kind, 2, 2, 4))
         assert qn.shape == q.shape and kn.shape == q.shape
+
+
+def test_a_bias_without_kernel_terms_is_told_once_per_class_that_it_runs_the_xla_path():
+    import warnings
+
+    from posenc.model.encoding import NoKernelFormWarning
+
+    class Base(Encoding):
+        def bias(self, q_positions, k_positions):
+            return None
+
+    class WithTerms(Base):
+        def kernel_terms(self, q_positions, k_positions):
+            return ()
+
+    class WithValues(Base):
+        def values(self, weights, q_positions, k_positions):
+            return None
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            register_encoding("test_told_bias")(Base)
+            register_encoding("test_told_bias")(Base)  # the same class again: told already
+            register_encoding("test_told_terms")(WithTerms)
+            register_encoding("test_told_values")(WithValues)
+        told = [w for w in caught if issubclass(w.category, NoKernelFormWarning)]
+        assert [str(w.message).split()[1] for w in told] == ["'test_told_bias'", "'test_told_values'"]
+        assert "on GPU / TPU its attention runs the XLA path" in str(told[0].message)
+        assert "define kernel_terms" in str(told[0].message)
+        assert "its values keep it there as well" in str(told[1].message)
+        assert told[0].filename == __file__  # points at the registration
+    finally:
+        for name in ("test_told_bias", "test_told_terms", "test_told_values"):
+            ENCODINGS.pop(name, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoKernelFormWarning)
+        for name, cls in ENCODINGS.items():  # no built-in is told
+            if cls.__module__.startswith("posenc.model.encodings."):
+                encoding_lib._tell_no_kernel_form(cls)
+
+
+def test_api_docs_describe_every_member_of_the_encoding_protocol():
+    """Every public hook, declaration, class fact and derived fact of Encoding is in the protocol
+    section of docs/api.md, so a new hook cannot go undocumented."""
+    api = open(os.path.join(ROOT, "docs", "api.md")).read()
+    start = api.index("## The encoding protocol")
+    section = api[start:api.index("\n## ", start + 1)]
+    members = sorted(n for n in vars(Encoding) if not n.startswith("_"))
+    assert {"bias", "prepare", "attention", "update_cache", "relative", "spans"} <= set(members)
+    missing = [n for n in members if f"`{n}" not in section]
+    assert not missing, f"docs/api.md does not describe Encoding.{', '.join(missing)}"

@@ -470,6 +470,7 @@ def _tiny():
 
 def test_a_second_process_on_a_workdir_in_use_is_refused_then_a_dead_holders_lock_is_taken(
         tmp_path, caplog, monkeypatch):
+    from posenc import experiments
     from posenc.training import loop
 
     def no_training(*a, **k):

@@ -89,7 +89,7 @@ def _recording(weights: list):
     def recorded(q, k, v, q_positions, k_positions, encoding, **kw):
         # One-hot values, head_dim keys at a time (every attention path takes values as wide as q).
         lk, width = k.shape[1], v.shape[-1]
-        quiet = dict(kw, return_stats=False)
+        quiet = dict(kw, call=kw["call"].replace(stats=False))
         parts = []
         for start in range(0, lk, width):
             eye = jnp.eye(lk, width, k=-start, dtype=q.dtype)  # column c: key start + c

@@ -6,11 +6,14 @@
 Encodings are units (:class:`Encoding` subclasses) registered by name with
 :func:`register_encoding`; built-ins live in ``posenc.model.encodings``, one
 module each, and plugins register the same way from anywhere.
-:class:`ModelSpec` is the validated form of ``config.model``.
+:class:`ModelSpec` is the validated form of ``config.model``;
+:func:`check_encoding` runs a unit through the conformance checks of
+``posenc.model.conformance``.
 """
 
 from posenc.model import encodings as _builtins  # noqa: F401  (registers the built-in units)
 from posenc.model.config import model_config
+from posenc.model.conformance import EncodingCheckError, check_encoding
 from posenc.model.decoder import Decoder
 from posenc.model.encoding import ENCODINGS, Encoding, register_encoding
 from posenc.model.options import Option
@@ -37,5 +40,5 @@ def validate_config(config, *, max_length=None) -> ModelSpec:
     return spec
 
 
-__all__ = ["Decoder", "ENCODINGS", "Encoding", "ModelSpec", "Option", "REGISTRY", "model_config",
-           "register_encoding", "validate_config"]
+__all__ = ["Decoder", "ENCODINGS", "Encoding", "EncodingCheckError", "ModelSpec", "Option",
+           "REGISTRY", "check_encoding", "model_config", "register_encoding", "validate_config"]

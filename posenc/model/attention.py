@@ -30,6 +30,12 @@ span, each query block visits only the fixed number of key blocks that can
 hold its span (``lax.dynamic_index_in_dim``), so a windowed layer costs
 ``O(L (W + block))`` and not ``O(L^2)``; the dense path's causal query blocks
 slice their keys to the span likewise.
+
+Everything about a call except its arrays travels in one frozen
+:class:`AttentionCall` (scale, mask, offsets, span, soft-cap, path, block
+sizes, per-token features, statistics), handed unchanged from the layer to
+the dense and blocked paths, the fused kernel's plan and a unit's own
+``attention`` hook: a new term changes that one type.
 """
 
 from __future__ import annotations
@@ -41,15 +47,13 @@ import jax.numpy as jnp
 
 from posenc import norms
 from posenc.model import fused
+from posenc.model.attention_call import IMPLS, AttentionCall, check_impl
+from posenc.model.attention_call import is_static_int as _static_int
 
-IMPLS = ("auto", "dense", "blocked", "pallas")
+__all__ = ["IMPLS", "AttentionCall", "attention", "blocked_attention", "check_impl",
+           "dense_attention", "span_start", "visible_keys", "weight_stats"]
+
 _NEG = -1e30  # finite mask value: exp(_NEG - m) underflows to 0 without inf - inf = nan
-
-
-def check_impl(impl: str) -> str:
-    if impl not in IMPLS:
-        raise ValueError(f"unknown attention_impl {impl!r}; choose one of: {', '.join(IMPLS)}")
-    return impl
 
 
 def _repeat_kv(x, num_heads):
@@ -104,33 +108,37 @@ def visible_keys(num_queries, *, q_offset, kv_length, causal=True, window=0, chu
     return jnp.maximum(hi - lo + 1, 0).astype(jnp.int32)
 
 
-def _logits(encoding, q, k, qp, kp, *, scale, softcap, q_offset, qf=None, kf=None, causal=True):
-    """Pre-mask float32 logits [B, H, Lq, Lk] (k already has H heads)."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+def _logits(encoding, q, k, qp, kp, call):
+    """Pre-mask float32 logits [B, H, Lq, Lk] (k already has H heads); ``call.q_offset`` is the
+    key index of the first of these queries relative to the first of these keys."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * call.scale
     bias = encoding.bias(qp, kp)
     if bias is not None:
         s = s + bias
     if encoding.has_feature_bias:
-        fb = encoding.feature_bias(qf or {}, kf or {}, causal=causal)
+        fb = encoding.feature_bias(call.q_features, call.k_features, causal=call.causal)
         if fb is not None:
             s = s + fb
-    extra = encoding.content_logits(q, k, qp, kp, scale=scale, q_offset=q_offset)
+    extra = encoding.content_logits(q, k, qp, kp, scale=call.scale, q_offset=call.q_offset)
     if extra is not None:
         s = s + extra
-    if softcap:
-        s = norms.softcap(s, softcap)
+    if call.softcap:
+        s = norms.softcap(s, call.softcap)
     return s
 
 
-def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q_offset, kv_length,
-                softcap, return_stats, window=0, chunk=0, q_features=None, k_features=None):
+def _call_mask(q_index, k_index, call):
+    return _mask(q_index, k_index, causal=call.causal, q_offset=call.q_offset,
+                 kv_length=call.kv_length, window=call.window, chunk=call.chunk)
+
+
+def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
     """One dense softmax over every key; -> out (, (max logit, entropy sum, valid row count))."""
     B, Lq, H, _ = q.shape
     Lk = k.shape[1]
-    mask = _mask(jnp.arange(Lq), jnp.arange(Lk), causal=causal, q_offset=q_offset,
-                 kv_length=kv_length, window=window, chunk=chunk)
+    mask = _call_mask(jnp.arange(Lq), jnp.arange(Lk), call)
     plain = not (encoding.has_content_logits or encoding.has_values or encoding.has_feature_bias
-                 or softcap or return_stats)
+                 or call.softcap or call.stats)
     if plain:
         # jax.nn.dot_product_attention picks cuDNN flash attention on GPU when it
         # can; on CPU it is the XLA reference (materialises the logits, float32
@@ -139,10 +147,9 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q
         if bias is not None:
             bias = jnp.broadcast_to(bias, (B, H, Lq, Lk)).astype(q.dtype)
         return jax.nn.dot_product_attention(
-            q, k, v, bias=bias, mask=jnp.broadcast_to(mask, (B, 1, Lq, Lk)), scale=scale)
+            q, k, v, bias=bias, mask=jnp.broadcast_to(mask, (B, 1, Lq, Lk)), scale=call.scale)
     kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
-    s = _logits(encoding, q, kr, q_positions, k_positions, scale=scale, softcap=softcap,
-                q_offset=q_offset, qf=q_features, kf=k_features, causal=causal)
+    s = _logits(encoding, q, kr, q_positions, k_positions, call)
     s = jnp.where(mask, s, _NEG)
     # Softmax written out so the stats reuse its row max m and sum l (one pass
     # over the [B, H, Lq, Lk] logits instead of a log per weight); the max is
@@ -158,7 +165,7 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, *, scale, causal, q
     if vals is not None:
         out = out + vals
     out = out.astype(q.dtype)
-    if not return_stats:
+    if not call.stats:
         return out
     # Entropy of a row: -sum_j w_j log w_j = log l + sum_j w_j (m - s_j), every
     # term >= 0 (no cancellation); masked keys have w_j = 0.
@@ -188,20 +195,14 @@ def weight_stats(logits, weights, visible, *, rest=None):
             "attention_entropy": jnp.sum(jnp.where(rows, ent, 0.0)) / jnp.maximum(rows.sum(), 1)}
 
 
-def _static_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _token_slice(features, start, end):
     return {n: f[:, start:end] for n, f in (features or {}).items()}
 
 
-def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True,
-                    q_offset=0, kv_length=None, softcap=0.0, return_stats=False, causal_block=0,
-                    window=0, chunk=0, q_features=None, k_features=None):
+def dense_attention(q, k, v, q_positions, k_positions, encoding, call: AttentionCall):
     """Attention materialising [B, H, Lq, Lk] logits; q [B,Lq,H,Dh], k/v [B,Lk,K,Dh].
 
-    With ``causal`` and a ``causal_block`` smaller than Lq (and static
+    With ``call.causal`` and a ``call.causal_block`` smaller than Lq (and static
     ``q_offset`` / ``kv_length``), the queries are split into blocks of that
     size and block ``[s, e)`` attends only to its visible keys
     ``[0, q_offset + e)``: an exact softmax over every key it can see, with
@@ -210,14 +211,13 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causa
     block's keys start at the first one its span reaches.
     """
     Lq, Lk = q.shape[1], k.shape[1]
-    kv_length = Lk if kv_length is None else kv_length
-    kw = dict(scale=scale, softcap=softcap, return_stats=return_stats, window=window, chunk=chunk)
-    split = (causal and causal_block and Lq > causal_block and _static_int(q_offset)
+    call = call.replace(kv_length=call.num_keys(Lk))
+    q_offset, kv_length, causal_block = call.q_offset, call.kv_length, call.causal_block
+    return_stats, window, chunk = call.stats, call.window, call.chunk
+    split = (call.causal and causal_block and Lq > causal_block and _static_int(q_offset)
              and _static_int(kv_length))
     if not split:
-        res = _dense_rows(q, k, v, q_positions, k_positions, encoding, causal=causal,
-                          q_offset=q_offset, kv_length=kv_length, q_features=q_features,
-                          k_features=k_features, **kw)
+        res = _dense_rows(q, k, v, q_positions, k_positions, encoding, call)
         return _finish_stats(res, return_stats)
     outs, parts = [], []
     for s in range(0, Lq, causal_block):
@@ -229,11 +229,11 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, *, scale, causa
         lo = 0 if encoding.full_rows else span_start(q_offset + s, window=window, chunk=chunk)
         kstart = min(lo, kend - 1)
         kv = min(kv_length, kend) - kstart if lo < kend else 0  # lo >= kend: no visible key
+        part_call = call.replace(causal=True, q_offset=q_offset + s - kstart, kv_length=kv,
+                                 q_features=_token_slice(call.q_features, s, e),
+                                 k_features=_token_slice(call.k_features, kstart, kend))
         res = _dense_rows(q[:, s:e], k[:, kstart:kend], v[:, kstart:kend], q_positions[:, s:e],
-                          k_positions[:, kstart:kend], encoding, causal=True,
-                          q_offset=q_offset + s - kstart, kv_length=kv,
-                          q_features=_token_slice(q_features, s, e),
-                          k_features=_token_slice(k_features, kstart, kend), **kw)
+                          k_positions[:, kstart:kend], encoding, part_call)
         out, part = res if return_stats else (res, None)
         outs.append(out)
         parts.append(part)
@@ -261,13 +261,15 @@ def _pad(x, axis, size):
     return jnp.pad(x, widths)
 
 
-def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, block, causal=True,
-                      q_offset=0, kv_length=None, softcap=0.0, return_stats=False, window=0,
-                      chunk=0, q_features=None, k_features=None):
-    """Same result as :func:`dense_attention` in O(B H block^2) memory (see module doc)."""
+def blocked_attention(q, k, v, q_positions, k_positions, encoding, call: AttentionCall):
+    """Same result as :func:`dense_attention` in O(B H block^2) memory (see module doc);
+    blocks of ``call.block`` queries and keys."""
     B, Lq, H, Dh = q.shape
     Lk = k.shape[1]
-    kv_length = Lk if kv_length is None else kv_length
+    block, causal, q_offset = call.block, call.causal, call.q_offset
+    window, chunk, return_stats = call.window, call.chunk, call.stats
+    kv_length = call.num_keys(Lk)
+    call = call.replace(kv_length=kv_length)
     bq = block
     nq = -(-Lq // bq)
     bk = -(-Lk // block) * block if encoding.full_rows else block
@@ -282,19 +284,19 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
         return jnp.moveaxis(x.reshape((x.shape[0], n, b) + x.shape[2:]), 1, 0)
 
     qs, qps = split(q, nq, bq), split(q_positions, nq, bq)
-    qfs = {n: split(f, nq, bq) for n, f in (q_features or {}).items()}
+    qfs = {n: split(f, nq, bq) for n, f in call.q_features.items()}
     ks, vs, kps = split(kr, nk, bk), split(vr, nk, bk), split(k_positions, nk, bk)
-    kfs = {n: split(f, nk, bk) for n, f in (k_features or {}).items()}
+    kfs = {n: split(f, nk, bk) for n, f in call.k_features.items()}
 
     def key_step(carry, xs, q_blk, qp_blk, qf_blk, qi):
         o, m, l, a = carry
         k_blk, v_blk, kp_blk, kf_blk, kj = xs
         q_index = qi * bq + jnp.arange(bq)
         k_index = kj * bk + jnp.arange(bk)
-        mask = _mask(q_index, k_index, causal=causal, q_offset=q_offset, kv_length=kv_length,
-                     window=window, chunk=chunk)
-        s = _logits(encoding, q_blk, k_blk, qp_blk, kp_blk, scale=scale, softcap=softcap,
-                    q_offset=q_offset + qi * bq - kj * bk, qf=qf_blk, kf=kf_blk, causal=causal)
+        mask = _call_mask(q_index, k_index, call)
+        s = _logits(encoding, q_blk, k_blk, qp_blk, kp_blk,
+                    call.replace(q_offset=q_offset + qi * bq - kj * bk, q_features=qf_blk,
+                                 k_features=kf_blk))
         s = jnp.where(mask, s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))
         alpha = jnp.exp(m - m_new)
@@ -362,67 +364,34 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, *, scale, blo
     return out, stats
 
 
-def attention(q, k, v, q_positions, k_positions, encoding, *, scale, causal=True, q_offset=0,
-              kv_length=None, softcap=0.0, impl="auto", block=512, causal_block=0,
-              return_stats=False, window=0, chunk=0, q_features=None, k_features=None):
-    """Multi-head attention with a position encoding; dense or blocked (see module doc).
+def attention(q, k, v, q_positions, k_positions, encoding, call: AttentionCall):
+    """Multi-head attention with a position encoding; dense, blocked or fused (see module doc).
 
     Args:
       q: [B, Lq, H, Dh]; k, v: [B, Lk, K, Dh] with H % K == 0 (GQA).
-      q_positions, k_positions: int [B, Lq], [B, Lk] (used by the encoding only).
-      encoding: a ``posenc.model.encodings.Encoding`` (bias, content_logits, values).
-      scale: multiplies q.k (1/sqrt(Dh), or a QK-norm temperature).
-      causal: mask keys after the query (by index); False gives full attention.
-      q_offset: index of the first query among the keys (int or traced scalar).
-      kv_length: number of valid keys (default Lk; traced in decoding).
-      softcap: 0 = off, else ``cap * tanh(s / cap)`` on the pre-mask logits.
-      impl: "dense", "blocked", "pallas" (the fused kernel of posenc.model.fused; in the
-        Pallas interpreter on CPU) or "auto": the fused kernel on GPU / TPU where it
-        applies, else dense when Lq and Lk <= block, else blocked. Calls the kernel cannot
-        run (statistics) take the "auto" choice; with "pallas", a unit without an
-        in-kernel form is a ValueError.
-      block: query / key block size of the blocked path.
-      causal_block: dense path only: causal query blocks of this size attend to
-        the keys up to their diagonal only (0 = one block; see dense_attention).
-      return_stats: also return max_attention_logit and attention_entropy.
-      window, chunk: the layer's span (0 = off; at most one of them): keys with
-        ``p - window < j`` / in the query's chunk of ``chunk`` keys (module doc).
-      q_features, k_features: per-token features of the queries and keys
-        (``Encoding.prepare``: dicts of [B, L, ...]) for ``encoding.feature_bias``
-        and ``encoding.attention`` (units with their own attention weights,
-        which then replace the softmax of this module).
+      q_positions, k_positions: int [B | 1, Lq], [B | 1, Lk] (used by the encoding only).
+      encoding: a ``posenc.model.encoding.Encoding`` (bias, content_logits, values, ...).
+      call: the :class:`AttentionCall` (scale, mask, offsets, span, soft-cap, path,
+        features, statistics). Units with their own attention weights (``attention``
+        hook: stick-breaking, PaTH) get it unchanged; their span support is
+        ``Encoding.check_span``, the rule config validation applies too.
     Returns:
-      [B, Lq, H, Dh] in q.dtype (and a stats dict when return_stats).
+      [B, Lq, H, Dh] in q.dtype (and a stats dict when ``call.stats``).
     """
-    check_impl(impl)
-    if window and chunk:
-        raise ValueError(f"a layer has one span: window={window} and chunk={chunk} are both set")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"num_heads {q.shape[2]} is not a multiple of num_kv_heads {k.shape[2]}")
-    if type(encoding).own_attention():  # stick-breaking, PaTH: the unit's own weights
-        if window or chunk:
-            raise ValueError(f"encoding {type(encoding).name!r} computes its own attention over "
-                             f"every key: no window ({window}) or chunk ({chunk}) span")
-        return encoding.attention(q, k, v, q_positions, k_positions, q_features=q_features or {},
-                                  k_features=k_features or {}, scale=scale, causal=causal,
-                                  q_offset=q_offset, kv_length=kv_length, softcap=softcap,
-                                  impl=impl, block=block, return_stats=return_stats)
+    cls = type(encoding)
+    cls.check_span(call.span, where=f"attention with span {call.span!r} (window={call.window}, "
+                                    f"chunk={call.chunk})")
+    if cls.own_attention():  # stick-breaking, PaTH: the unit's own weights
+        return encoding.attention(q, k, v, q_positions, k_positions, call)
+    impl = call.impl
     if impl == "pallas" or (impl == "auto" and fused.on_accelerator()):
-        terms, why = fused.plan(q, k, v, q_positions, k_positions, encoding, scale=scale,
-                                return_stats=return_stats, causal=causal, window=window)
+        terms, why = fused.plan(q, k, v, q_positions, k_positions, encoding, call)
         if terms is not None:
-            return fused.attention(q, k, v, q_positions, k_positions, terms, scale=scale,
-                                   causal=causal, q_offset=q_offset, kv_length=kv_length,
-                                   softcap=softcap, window=window, chunk=chunk)
-        if impl == "pallas" and not return_stats:
+            return fused.attention(q, k, v, q_positions, k_positions, terms, call)
+        if impl == "pallas" and not call.stats:
             raise ValueError(f"attention_impl 'pallas' cannot run this call: {why}")
-        impl = "auto"
-    if impl == "auto":
-        impl = "dense" if max(q.shape[1], k.shape[1]) <= block else "blocked"
-    kw = dict(scale=scale, causal=causal, q_offset=q_offset, kv_length=kv_length,
-              softcap=softcap, return_stats=return_stats, window=window, chunk=chunk,
-              q_features=q_features, k_features=k_features)
-    if impl == "dense":
-        return dense_attention(q, k, v, q_positions, k_positions, encoding,
-                               causal_block=causal_block, **kw)
-    return blocked_attention(q, k, v, q_positions, k_positions, encoding, block=block, **kw)
+    if call.runs_blocked(q.shape[1], k.shape[1]):
+        return blocked_attention(q, k, v, q_positions, k_positions, encoding, call)
+    return dense_attention(q, k, v, q_positions, k_positions, encoding, call)

@@ -53,15 +53,18 @@ Data-dependent units (FoX, stick-breaking, PaTH) use these hooks as well:
 - ``feature_bias(q_features, k_features, *, causal)``: a logit bias [B, H,
   Lq, Lk] from the features (FoX's ``c_i - c_j``), like ``bias`` computed
   per (query block, key block), never as a full [L, L] array;
-- ``attention(q, k, v, q_positions, k_positions, *, q_features, k_features,
-  scale, causal, q_offset, kv_length, softcap, impl, block, return_stats)``: the
-  unit's own attention weights instead of the softmax (stick-breaking,
-  PaTH) -> [B, Lq, H, Dh] (and the stats dict with ``return_stats``). In
-  the full forward pass ``q_offset`` is 0 and q, k are the same tokens;
-  when decoding, k and v are the cache's buffers [B, S, K, Dh], the queries
-  sit at key indices ``q_offset + i`` and the slots from ``kv_length`` on
-  are unused. Units with their own attention list the spans they support in
-  ``spans`` (class attribute; default every span of :data:`SPANS`);
+- ``attention(q, k, v, q_positions, k_positions, call)``: the unit's own
+  attention weights instead of the softmax (stick-breaking, PaTH) ->
+  [B, Lq, H, Dh] (and the stats dict with ``call.stats``); ``call`` is the
+  ``posenc.model.attention.AttentionCall`` (scale, mask, offsets, span,
+  soft-cap, path, features). In the full forward pass ``call.q_offset`` is 0
+  and q, k are the same tokens; when decoding (``call.reads_cache``), k and v
+  are the cache's buffers [B, S, K, Dh], the queries sit at key indices
+  ``q_offset + i`` and the slots from ``kv_length`` on are unused. The spans
+  a layer of the unit may have are :meth:`Encoding.supported_spans` ("full"
+  only for units with their own attention unless they declare ``spans``),
+  the one rule config validation and attention both apply
+  (:meth:`Encoding.check_span`);
 - ``output(out, features)``: change the attention output [B, Lq, H, Dh]
   before the output projection (FoX (Pro)'s output gate);
 - ``update_cache(k_cache, features, *, start)``: rewrite the cached keys
@@ -85,11 +88,19 @@ training length) carry the original length.
 
 Positions arrive as int32 ``[B, L]`` or ``[1, L]`` (shared by the batch);
 every method must broadcast them against the batch of q and k.
+
+docs/api.md ("The encoding protocol") gives every hook's arguments, shapes,
+dtypes and return value and when attention calls it (full forward, blocked
+path, decoding with a cache); ``posenc.model.check_encoding`` runs a unit
+through the properties they must keep. A unit with a ``bias`` but no
+``kernel_terms`` is told once, at registration (:class:`NoKernelFormWarning`),
+that it runs the XLA path on GPU / TPU.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from typing import ClassVar
 
 from flax import nnx
@@ -136,7 +147,9 @@ class Encoding(nnx.Module):
     # position changes nothing (tests/test_position_invariance.py checks it through the decoder)
     relative: ClassVar[bool] = False
     cached_features: ClassVar[tuple[str, ...]] = ()  # features every key needs (kept by the cache)
-    spans: ClassVar[tuple[str, ...]] = SPANS  # attention spans the unit supports
+    # attention spans the unit supports; None: every span of SPANS, or "full" only for a unit
+    # with its own attention (which then sees the layer's window / chunk itself)
+    spans: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, options: dict, *, d_model: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, layer_index: int = 0, num_layers: int = 1, rngs: nnx.Rngs,
@@ -198,6 +211,34 @@ class Encoding(nnx.Module):
     def own_attention(cls) -> bool:
         """Computes its own attention weights (``attention``) instead of the softmax."""
         return overrides(cls, "attention")
+
+    @classmethod
+    def supported_spans(cls) -> tuple[str, ...]:
+        """The attention spans (of :data:`SPANS`) a layer of this unit may have.
+
+        ``spans`` when the unit declares it; otherwise every span for units
+        that use the softmax of ``posenc.model.attention`` (which applies the
+        span itself) and "full" only for units with their own ``attention``.
+        """
+        if cls.spans is not None:
+            return tuple(cls.spans)
+        return ("full",) if cls.own_attention() else SPANS
+
+    @classmethod
+    def check_span(cls, span: str, *, where: str = "", fields: str = "") -> None:
+        """ValueError unless a layer of this unit may have ``span`` (:meth:`supported_spans`).
+
+        The one rule: config validation (``posenc.model.layout``) and attention
+        (``posenc.model.attention.attention``) both call it. ``where`` says
+        what asked ("layer 3 has span 'window'"), ``fields`` the config fields to change.
+        """
+        allowed = cls.supported_spans()
+        if span in allowed:
+            return
+        name = cls.name or cls.__qualname__
+        what = "computes its own attention over" if cls.own_attention() else "supports"
+        raise ValueError(f"{where or f'span {span!r}'}, but position kind {name!r} {what} spans "
+                         f"{', '.join(allowed)} only" + (f" ({fields})" if fields else ""))
 
     @classmethod
     def has_kernel_form(cls) -> bool:
@@ -274,8 +315,7 @@ class Encoding(nnx.Module):
     def feature_bias(self, q_features, k_features, *, causal):
         return None
 
-    def attention(self, q, k, v, q_positions, k_positions, *, q_features, k_features, scale,
-                  causal, q_offset, kv_length, softcap, impl, block, return_stats):
+    def attention(self, q, k, v, q_positions, k_positions, call):
         return None
 
     def output(self, out, features):
@@ -288,6 +328,28 @@ class Encoding(nnx.Module):
 def overrides(cls, method: str) -> bool:
     """Whether ``cls`` defines ``method`` differently from :class:`Encoding`."""
     return getattr(cls, method) is not getattr(Encoding, method)
+
+
+class NoKernelFormWarning(UserWarning):
+    """A unit's bias has no in-kernel form: on GPU / TPU its attention runs the XLA path."""
+
+
+_TOLD: set[type] = set()  # classes already told (once per class)
+
+
+def _tell_no_kernel_form(cls) -> None:
+    """Warn once per class that a ``bias`` without ``kernel_terms`` keeps the XLA path on GPU / TPU."""
+    if cls in _TOLD or not overrides(cls, "bias") or overrides(cls, "kernel_terms"):
+        return
+    _TOLD.add(cls)
+    others = [m for m in ("content_logits", "values", "feature_bias", "attention", "output",
+                          "prepare") if overrides(cls, m)]
+    advice = (f" (its {', '.join(others)} keep it there as well)" if others else
+              "; define kernel_terms (posenc.kernels.score_term terms) for the fused kernel")
+    warnings.warn(f"encoding {cls.name!r} ({cls.__module__}.{cls.__qualname__}) has a bias but no "
+                  "kernel_terms: on GPU / TPU its attention runs the XLA path "
+                  f"(posenc.model.attention), not the fused Pallas kernel{advice}",
+                  NoKernelFormWarning, stacklevel=3)
 
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -314,6 +376,7 @@ def register_encoding(name: str):
             raise ValueError(f"{cls.__qualname__} is already registered as {cls.name!r}")
         cls.name = name
         ENCODINGS[name] = cls
+        _tell_no_kernel_form(cls)
         return cls
 
     return decorate

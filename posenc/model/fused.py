@@ -5,7 +5,7 @@ FlashAttention-2 (Dao 2023) with the unit's logit terms evaluated per tile,
 weight matrix exists, forward or backward (see ``posenc.kernels.flash``).
 
 :func:`plan` says whether the kernel can run a call of
-``posenc.model.attention.attention`` and builds the unit's terms
+``posenc.model.attention.attention`` (its ``AttentionCall``) and builds the unit's terms
 (``Encoding.kernel_terms``): the unit has an in-kernel form (no content
 logits, no values; a bias only with ``kernel_terms``), no statistics are
 asked for, the scale is a static float, a window comes with the causal
@@ -43,18 +43,17 @@ def _backend():
     return (p, False) if p in ACCELERATORS else (None, True)
 
 
-def plan(q, k, v, q_positions, k_positions, encoding, *, scale, return_stats=False, causal=True,
-         window=0):
-    """``(terms, "")`` when the kernel can run this call, else ``(None, why)``."""
+def plan(q, k, v, q_positions, k_positions, encoding, call):
+    """``(terms, "")`` when the kernel can run this call (an ``AttentionCall``), else ``(None, why)``."""
     name = type(encoding).name or type(encoding).__name__
-    if return_stats:
+    if call.stats:
         return None, "statistics (max logit, entropy) are computed by the XLA path"
-    if window and not causal:
+    if call.window and not call.causal:
         return None, "the kernel's window is causal (p - W < j) only, not symmetric"
     if not type(encoding).has_kernel_form():
         return None, (f"encoding {name!r} has no in-kernel form (content logits, values, "
                       "or a bias without kernel_terms)")
-    if isinstance(scale, jax.core.Tracer):
+    if isinstance(call.scale, jax.core.Tracer):
         return None, "the logit scale is traced (the kernel takes a static float)"
     if not (q.dtype == k.dtype == v.dtype):
         return None, f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})"
@@ -68,16 +67,16 @@ def plan(q, k, v, q_positions, k_positions, encoding, *, scale, return_stats=Fal
     return (terms, "") if ok else (None, why)
 
 
-def attention(q, k, v, q_positions, k_positions, terms, *, scale, causal=True, q_offset=0,
-              kv_length=None, softcap=0.0, window=0, chunk=0):
+def attention(q, k, v, q_positions, k_positions, terms, call):
     """``posenc.kernels.flash_attention`` with the terms of :func:`plan`; -> [B, Lq, H, Dh] in q.dtype.
 
-    ``window`` / ``chunk`` (0 = off): the span masks of ``posenc.model.attention``; the
-    kernel skips the key blocks outside them.
+    ``call``: the ``AttentionCall`` (scale, mask, offsets, soft-cap; its window / chunk
+    span masks are those of ``posenc.model.attention``, and the kernel skips the key
+    blocks outside them).
     """
     backend, interpret = _backend()
     return kernels.flash_attention(
         q, k, v, q_positions=q_positions, k_positions=k_positions, score_terms=terms,
-        scale=float(scale), causal=causal, q_offset=q_offset, kv_length=kv_length,
-        softcap=float(softcap), window=window or None, chunk=chunk or None, backend=backend,
-        interpret=interpret)
+        scale=float(call.scale), causal=call.causal, q_offset=call.q_offset,
+        kv_length=call.kv_length, softcap=float(call.softcap), window=call.window or None,
+        chunk=call.chunk or None, backend=backend, interpret=interpret)

@@ -252,12 +252,11 @@ class Attention(nnx.Module):
             q, k = self._qk_norm(q, k)
         kv = k.shape[1] if kv_length is None else kv_length
         q = self.scale_queries(q, q_positions, q_offset=q_offset, kv_length=kv, causal=causal)
-        kw = dict(scale=self.scale, causal=causal, q_offset=q_offset,
-                  kv_length=kv_length, return_stats=return_stats)
-        res = attn_lib.attention(
-            q, k, v, q_positions, k_positions, enc, softcap=self.softcap, impl=self.impl,
-            block=self.block, causal_block=self.causal_block, window=self.window, chunk=self.chunk,
-            q_features=q_features, k_features=k_features, **kw)
+        call = attn_lib.AttentionCall(
+            scale=self.scale, causal=causal, q_offset=q_offset, kv_length=kv_length, window=self.window,
+            chunk=self.chunk, softcap=self.softcap, impl=self.impl, block=self.block,
+            causal_block=self.causal_block, stats=return_stats, q_features=q_features, k_features=k_features)
+        res = attn_lib.attention(q, k, v, q_positions, k_positions, enc, call=call)
         out, stats = res if return_stats else (res, None)
         out = enc.output(out, q_features)
         wo = self.wo[...].astype(self.dtype)

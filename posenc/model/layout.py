@@ -112,11 +112,8 @@ def _spans(cfg, position, num_layers):
             raise ValueError(f"model.{name}={value} is set, but no layer has span {kind!r} "
                              f"(layer spans {spans!r})")
     for i, (s, kind) in enumerate(zip(spans, position.layer_kinds)):
-        allowed = encoding.get(kind).spans
-        if s not in allowed:
-            raise ValueError(f"layer {i} has span {s!r}, but position kind {kind!r} computes its own "
-                             f"attention over spans {', '.join(allowed)} only (model.layer_spans / "
-                             "model.attention_span)")
+        encoding.get(kind).check_span(s, where=f"layer {i} has span {s!r}",
+                                      fields="model.layer_spans / model.attention_span")
     return spans, window, chunk
 
 

@@ -12,7 +12,6 @@ from posenc import path_attention as pa
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.encodings.stickbreaking import _blocked, _forward
 from posenc.model.layers import lecun_normal, linear
 from posenc.model.options import Option, nonnegative_int, optional, positive_int
 
@@ -102,8 +101,9 @@ class PaTH(Encoding):
             features["c"], new["c"] = jnp.swapaxes(c, 1, 2), c[..., -1]
         return q, k, v, features, new
 
-    def attention(self, q, k, v, q_positions, k_positions, *, q_features, k_features, scale,
-                  causal, q_offset, kv_length, softcap, impl, block, return_stats):
+    def attention(self, q, k, v, q_positions, k_positions, call):
+        q_features, k_features = call.q_features, call.k_features
+        scale, softcap, block, return_stats = call.scale, call.softcap, call.block, call.stats
         if "w" not in q_features:  # called without the layer input: H = I (softmax attention)
             q_features = {"w": jnp.zeros(q.shape[:2] + k.shape[2:], jnp.float32),
                           "beta": jnp.zeros(q.shape[:2] + k.shape[2:3], jnp.float32)}
@@ -112,13 +112,13 @@ class PaTH(Encoding):
         kw = dict(scale=scale, chunk=self.chunk)
         out = functools.partial(_softmax_out, dtype=q.dtype, softcap=softcap,
                                 return_stats=return_stats)
-        if not _forward(q, k, q_offset, kv_length):
+        if call.reads_cache(q.shape[1], k.shape[1]):
             return self._from_cache(q, k, v, w, beta, c_q, _heads_first(k_features.get("c")),
-                                    q_offset, out, kw)
-        if not causal:
+                                    call.q_offset, out, kw)
+        if not call.causal:
             s = self._bidirectional(q, k, w, beta, c_q, kw)
             return out(s, v, visible=jnp.ones(s.shape[-2:], bool))
-        if not return_stats and _blocked(impl, q.shape[1], k.shape[1], block):
+        if not return_stats and call.runs_blocked(q.shape[1], k.shape[1]):
             if softcap:  # the online softmax of posenc.path_attention has no cap: prefill blocks
                 return self._prefill_blocks(q, k, v, w, beta, c_q, block, out, kw)
             return pa.blocked_attention(q, k, v, w, beta, c_q=c_q, c_k=c_q, **kw)

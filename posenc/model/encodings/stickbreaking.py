@@ -10,16 +10,6 @@ from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, boolean
 
 
-def _forward(q, k, q_offset, kv_length):
-    """Whether this is the full forward pass (queries are the keys) rather than a cache read."""
-    return (isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]
-            and (kv_length is None or (isinstance(kv_length, int) and kv_length == k.shape[1])))
-
-
-def _blocked(impl, lq, lk, block):
-    return impl == "blocked" or (impl != "dense" and max(lq, lk) > block)
-
-
 @register_encoding("stickbreaking")
 class StickBreaking(Encoding):
     """A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)); the rest 1 - sum_j A_ij to v_i.
@@ -40,13 +30,13 @@ class StickBreaking(Encoding):
     attend_current = Option(False, boolean, "include the diagonal (j <= i); False: keys j < i "
                                             "(the official default)")
 
-    def attention(self, q, k, v, q_positions, k_positions, *, q_features, k_features, scale,
-                  causal, q_offset, kv_length, softcap, impl, block, return_stats):
+    def attention(self, q, k, v, q_positions, k_positions, call):
         lq, lk = q.shape[1], k.shape[1]
-        if not causal:
-            return self._all_keys(q, k, v, scale, softcap, kv_length, return_stats)
-        offset = 0 if _forward(q, k, q_offset, kv_length) else q_offset
-        blocked = _blocked(impl, lq, lk, block)
+        scale, softcap, block, return_stats = call.scale, call.softcap, call.block, call.stats
+        if not call.causal:
+            return self._all_keys(q, k, v, scale, softcap, call.kv_length, return_stats)
+        offset = call.q_offset if call.reads_cache(lq, lk) else 0
+        blocked = call.runs_blocked(lq, lk)
         if return_stats or softcap:  # z computed here (capped): query blocks against every key
             return self._rows(q, k, v, scale, softcap, offset, block if blocked and not return_stats
                               else lq, return_stats)

@@ -1,0 +1,425 @@
+"""Conformance of an encoding unit: ``check_encoding(name_or_class, **options)``.
+
+Builds a tiny decoder of the unit (2 layers, d_model 32, 4 heads over 2 kv
+heads, float32, parameters perturbed by N(0, 0.05^2) so that
+zero-initialised ones take part) and runs it through the properties every
+encoding has:
+
+- ``dense == blocked``: logits and gradients (parameters and input
+  embeddings) of dense and blocked attention (blocks of 4 over 11 tokens:
+  the last one partial) agree, at positions with gaps;
+- ``cached decoding, token by token`` and ``cached decoding, in pieces``:
+  a prefill then one token per call, and two prefills of several tokens,
+  give the logits of the full forward pass (and a cache of every token);
+- ``shift invariance`` (units that declare ``relative = True``): logits at
+  positions moved by 4097 and by 10^6 equal those at 0..L-1 within 1e-4,
+  dense and blocked;
+- ``causality``: d logits_i / d x_j is 0 for every j > i and not 0 for
+  j <= i (through the input embeddings; dense and blocked attention);
+- ``finite gradients``: the loss and every parameter gradient are finite,
+  and each of the unit's own parameters gets a gradient;
+- ``jit and vmap``: every check runs compiled (``jax.jit``); the forward
+  vmapped over the examples equals the batched one.
+
+Each check runs even when another fails; failures are collected into one
+:class:`EncodingCheckError` whose message lists every check. Compiles are
+shared: one forward-and-gradient program per attention path (called at
+every set of positions, and with one cotangent per query for causality),
+one for both decodings, one for vmap. A call takes seconds on a laptop CPU.
+
+:func:`decode_stepwise`, :func:`decode_in_pieces`, :func:`perturb_params`
+and :func:`registered` are the building blocks, public for tests of single
+units.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from posenc.model import config as config_lib
+from posenc.model import encoding as encoding_lib
+from posenc.model.decoder import Decoder
+from posenc.model.spec import ModelSpec
+
+CHECKS = ("dense == blocked", "cached decoding, token by token", "cached decoding, in pieces",
+          "shift invariance", "causality", "finite gradients", "jit and vmap")
+
+B, L, V, BLOCK = 2, 11, 16, 4  # L not a multiple of BLOCK: the last block is partial
+MODEL = dict(vocab_size=V, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
+TRAIN_LENGTH = 64  # fills options that take the training length (a learned table's rows)
+PREFILL, CUTS, OFFSET = 5, (4,), 7  # decoding: a prefill then steps; pieces [0, 4) [4, L)
+SHIFTS = (4097, 10**6)
+IMPLS = ("dense", "blocked")
+PERTURB = 0.05
+TOLERANCE = {  # (rtol, atol) per check
+    "dense == blocked": (2e-5, 2e-5),
+    "cached decoding": (1e-5, 2e-5),
+    "shift invariance": (0.0, 1e-4),
+    "jit and vmap": (2e-5, 2e-5),
+}
+
+
+class EncodingCheckError(AssertionError):
+    """Some conformance checks failed; ``failures``: check -> what failed, ``results``: every check."""
+
+    def __init__(self, name: str, results: dict[str, tuple[str, str]]):
+        self.name, self.results = name, results
+        self.failures = {c: d for c, (status, d) in results.items() if status == "FAIL"}
+        lines = [f"encoding {name!r} failed {len(self.failures)} of {len(results)} conformance "
+                 "checks (posenc.model.check_encoding):"]
+        width = max(len(c) for c in results)
+        for check, (status, detail) in results.items():
+            lines.append(f"  {status:<6} {check:<{width}}  {detail}")
+        super().__init__("\n".join(lines))
+
+
+def check_encoding(name_or_class, *, model: dict | None = None, seed: int = 0,
+                   **options) -> dict[str, str]:
+    """Run an encoding (a registered name, or an Encoding subclass) through :data:`CHECKS`.
+
+    ``options``: the unit's options (``model.position.<name>.<option>``);
+    ``model``: other ``config.model`` fields of the tiny decoder (e.g.
+    ``{"norm": {"placement": "post"}}``); ``seed``: parameters and inputs.
+    An unregistered class is registered for the call only. A bad option is a
+    ValueError (before anything runs). Returns ``{check: "passed: ..." |
+    "skipped: ..."}``; raises :class:`EncodingCheckError` listing every
+    check when any fails.
+    """
+    with registered(name_or_class) as name:
+        cls = encoding_lib.get(name)
+        specs = {impl: _spec(name, options, model, impl) for impl in IMPLS}
+        runner = _Runner(cls, specs, seed)
+        results = {}
+        for check in CHECKS:
+            try:
+                results[check] = runner.run(check)
+            except Exception as e:  # noqa: BLE001  (a check that raises has failed)
+                results[check] = ("FAIL", f"raised {type(e).__name__}: {_first_line(e)}")
+    if any(status == "FAIL" for status, _ in results.values()):
+        raise EncodingCheckError(name, results)
+    return {c: f"{status.lower()}: {detail}" for c, (status, detail) in results.items()}
+
+
+# ------------------------------------------------------------------ building blocks
+
+def perturb_params(model, key, scale):
+    """Add N(0, scale^2) noise to every parameter of ``model`` in place (one key per leaf)."""
+    state = nnx.state(model, nnx.Param)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(key, len(leaves))
+    noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    nnx.update(model, jax.tree.unflatten(tree, noisy))
+
+
+def decode_stepwise(model, tokens, first, max_length, positions=None):
+    """Cached decoding of tokens[:, :first] (at positions[:first] when given), then one token per
+    call (a ``lax.scan``), positions continuing from the cache -> (logits [B, L, V], cache).
+    Call inside a jit."""
+    cache = model.init_cache(tokens.shape[0], max_length)
+    head, cache = model.decode(tokens[:, :first], cache,
+                               *(() if positions is None else (positions[..., :first],)))
+
+    def step(cache, token):  # token [B]
+        out, cache = model.decode(token[:, None], cache)
+        return cache, out[:, 0]
+
+    cache, tail = jax.lax.scan(step, cache, jnp.moveaxis(tokens[:, first:], 1, 0))
+    return jnp.concatenate([head, jnp.moveaxis(tail, 0, 1).astype(head.dtype)], axis=1), cache
+
+
+def decode_in_pieces(model, tokens, cuts, max_length, positions=None):
+    """Cached decoding of tokens split at ``cuts`` (each piece one call; the first at
+    positions[:cuts[0]] when given, later ones continuing) -> (logits [B, L, V], cache)."""
+    cache = model.init_cache(tokens.shape[0], max_length)
+    bounds = (0, *cuts, tokens.shape[1])
+    outs = []
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        given = () if positions is None or i else (positions[..., s:e],)
+        out, cache = model.decode(tokens[:, s:e], cache, *given)
+        outs.append(out)
+    return jnp.concatenate(outs, axis=1), cache
+
+
+# ------------------------------------------------------------------ internals
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else repr(e)
+
+
+@contextlib.contextmanager
+def registered(name_or_class):
+    """Context manager -> the config name of a registered name or an Encoding subclass; an
+    unregistered class is in the registry (as ``unregistered_<class name>``) for the block only."""
+    if isinstance(name_or_class, str):
+        yield encoding_lib.get(name_or_class).name
+        return
+    cls = name_or_class
+    if not (isinstance(cls, type) and issubclass(cls, encoding_lib.Encoding)):
+        raise TypeError(f"check_encoding takes a registered name or an Encoding subclass; "
+                        f"got {cls!r}")
+    if cls.name and encoding_lib.ENCODINGS.get(cls.name) is cls:
+        yield cls.name
+        return
+    base = "unregistered_" + re.sub(r"[^a-z0-9]+", "_", cls.__name__.lower()).strip("_")
+    name, n = base, 1
+    while name in encoding_lib.ENCODINGS:
+        name, n = f"{base}_{n}", n + 1
+    had_name = "name" in vars(cls)
+    old = vars(cls).get("name")
+    cls.name = name
+    encoding_lib.ENCODINGS[name] = cls
+    try:
+        yield name
+    finally:
+        del encoding_lib.ENCODINGS[name]
+        if had_name:
+            cls.name = old
+        else:
+            del cls.name
+
+
+def _merge(cfg, fields, prefix="model"):
+    for key, value in fields.items():
+        if isinstance(value, dict) and key in cfg and hasattr(cfg[key], "keys"):
+            _merge(cfg[key], value, f"{prefix}.{key}")
+        else:
+            cfg[key] = value
+
+
+def _spec(name, options, model, impl) -> ModelSpec:
+    c = config_lib.model_config()
+    c.update(MODEL)
+    _merge(c, dict(model or {}))
+    c.position.kind = name
+    if options and name not in c.position:
+        raise ValueError(f"encoding {name!r} has no options; got {', '.join(sorted(options))}")
+    if options:
+        c.position[name].update(options)
+    c.update(attention_impl=impl, attention_block=BLOCK)
+    return ModelSpec.from_config(c, train_length=TRAIN_LENGTH)
+
+
+def _worst(got, want, rtol, atol):
+    """(ok, description of the worst element) of ``|got - want| <= atol + rtol |want|`` over trees."""
+    got_leaves = jax.tree_util.tree_flatten_with_path(got)[0]
+    want_leaves = jax.tree.leaves(want)
+    worst, where, ok = 0.0, "", True
+    for (path, a), b in zip(got_leaves, want_leaves, strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        diff = np.abs(a - b)
+        bad = ~(diff <= atol + rtol * np.abs(b))  # NaN counts as bad
+        d = float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))) if diff.size else 0.0
+        if bad.any():
+            ok = False
+        if d >= worst:
+            worst, where = d, jax.tree_util.keystr(path)
+    return ok, f"max |difference| {worst:.2g}" + (f" at {where}" if where else "")
+
+
+def _unit_param_paths(grads):
+    """(path, leaf) of the gradients of the encoding units' own parameters."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        if "encoding" in keys or "input_encoding" in keys:
+            out.append((jax.tree_util.keystr(path), leaf))
+    return out
+
+
+class _Runner:
+    """Shared models, inputs and compiled programs of one check_encoding call."""
+
+    def __init__(self, cls, specs, seed):
+        self.cls = cls
+        models = {impl: Decoder(s, rngs=nnx.Rngs(seed)) for impl, s in specs.items()}
+        perturb_params(models["dense"], jax.random.key(seed + 1000), PERTURB)
+        self.graphdefs = {impl: nnx.split(m, nnx.Param, ...)[0] for impl, m in models.items()}
+        _, self.params, self.rest = nnx.split(models["dense"], nnx.Param, ...)
+        keys = jax.random.split(jax.random.key(seed), 3)
+        self.tokens = jax.random.randint(keys[0], (B, L), 0, V, jnp.int32)
+        # gaps, an offset and a different start per example: positions need not be arange
+        gappy = 3 + jnp.cumsum(jax.random.randint(keys[1], (B, L), 1, 3), axis=-1)
+        self.positions = {"gappy": (gappy + jnp.arange(B)[:, None]).astype(jnp.int32),
+                          "arange": jnp.tile(jnp.arange(L, dtype=jnp.int32), (B, 1))}
+        self.positions["decoding"] = OFFSET + self.positions["arange"]
+        self.cot = jax.random.normal(keys[2], (B, L, V))
+        self.dx = jnp.zeros((B, L, specs["dense"].d_model), jnp.float32)
+        self._memo, self._programs = {}, {}
+
+    # -- shared results (memoised, exceptions included) --------------------------------
+
+    def _get(self, key, compute):
+        if key not in self._memo:
+            try:
+                self._memo[key] = ("ok", compute())
+            except Exception as e:  # noqa: BLE001
+                self._memo[key] = ("error", e)
+        status, value = self._memo[key]
+        if status == "error":
+            raise value
+        return value
+
+    def program(self, impl):
+        """jit (params, tokens, dx, positions, cot) -> (loss, logits, d params, d dx) of impl's
+        model, loss = sum(logits * cot) with dx added to the token embeddings; one per impl."""
+        def compile_():
+            g, rest = self.graphdefs[impl], self.rest
+
+            @jax.jit
+            def program(params, tokens, dx, positions, cot):
+                def loss(p, dx):
+                    m = nnx.merge(g, p, rest)
+                    x = m.embed_tokens(tokens)
+                    logits = m.forward_embeddings(x + dx.astype(x.dtype), positions)
+                    return jnp.sum(logits * cot), logits
+
+                (value, logits), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+                    params, dx)
+                return value, logits, grads
+
+            return program
+        return self._get(("program", impl), compile_)
+
+    def forward(self, impl, positions="gappy", shift=0):
+        """(loss, logits, (d params, d embeddings)) at the named positions (+ shift)."""
+        def compute():
+            pos = self.positions[positions] + shift
+            return jax.device_get(self.program(impl)(self.params, self.tokens, self.dx, pos,
+                                                     self.cot))
+        return self._get(("forward", impl, positions, shift), compute)
+
+    def decoded(self):
+        """((logits, cache length, cache positions) token by token, the same in pieces)."""
+        def compute():
+            g, rest = self.graphdefs["dense"], self.rest
+            max_length = L + 3  # unused slots after the last token
+
+            @jax.jit
+            def program(params, tokens, positions):
+                m = nnx.merge(g, params, rest)
+                out = []
+                for logits, cache in (decode_stepwise(m, tokens, PREFILL, max_length, positions),
+                                      decode_in_pieces(m, tokens, CUTS, max_length, positions)):
+                    out.append((logits, cache["length"], cache["positions"]))
+                return out
+
+            return jax.device_get(program(self.params, self.tokens, self.positions["decoding"]))
+        return self._get("decoded", compute)
+
+    # -- the checks: each returns (status, detail) -------------------------------------
+
+    def run(self, check):
+        return getattr(self, "check_" + re.sub(r"\W+", "_", check).strip("_"))()
+
+    def check_dense_blocked(self):
+        rtol, atol = TOLERANCE["dense == blocked"]
+        _, want, grads = self.forward("dense")
+        _, got, g = self.forward("blocked")
+        problems, details = [], []
+        for what, a, b in (("logits", got, want), ("parameter gradients", g[0], grads[0]),
+                           ("input gradients", g[1], grads[1])):
+            ok, detail = _worst(a, b, rtol, atol)
+            (details if ok else problems).append(f"{what}: {detail}")
+        if problems:
+            return "FAIL", (f"blocked attention differs from dense beyond rtol {rtol:g}, "
+                            f"atol {atol:g}: " + "; ".join(problems))
+        return "passed", "; ".join(details)
+
+    def _check_decoding(self, index, label):
+        rtol, atol = TOLERANCE["cached decoding"]
+        got, length, cached_positions = self.decoded()[index]
+        _, want, _ = self.forward("dense", "decoding")
+        ok, detail = _worst(got, want, rtol, atol)
+        if not ok:
+            return "FAIL", (f"{label}: logits differ from the full forward pass beyond rtol {rtol:g}, "
+                            f"atol {atol:g} ({detail})")
+        if int(length) != L or not np.array_equal(np.asarray(cached_positions)[:, :L],
+                                                  np.asarray(self.positions["decoding"])):
+            return "FAIL", f"{label}: the cache holds {int(length)} tokens or other positions"
+        return "passed", detail
+
+    def check_cached_decoding_token_by_token(self):
+        return self._check_decoding(0, f"a prefill of {PREFILL} then one token per call")
+
+    def check_cached_decoding_in_pieces(self):
+        return self._check_decoding(1, f"pieces cut at {', '.join(map(str, CUTS))}")
+
+    def check_shift_invariance(self):
+        if not self.cls.relative:
+            return "skipped", "the unit does not declare relative = True"
+        rtol, atol = TOLERANCE["shift invariance"]
+        problems, worst = [], []
+        for impl in IMPLS:
+            _, base, _ = self.forward(impl, "arange")
+            if not np.isfinite(base).all():
+                problems.append(f"{impl}: logits at positions 0..{L - 1} are not finite")
+                continue
+            for c in SHIFTS:
+                _, moved, _ = self.forward(impl, "arange", c)
+                ok, detail = _worst(moved, base, rtol, atol)
+                (worst if ok else problems).append(f"{impl} + {c}: {detail}")
+        if problems:
+            return "FAIL", (f"declares relative = True, but logits at positions moved by "
+                            f"{' and '.join(map(str, SHIFTS))} differ from those at 0..{L - 1} "
+                            f"beyond {atol:g}: " + "; ".join(problems))
+        return "passed", "; ".join(worst)
+
+    def check_causality(self):
+        later = np.triu(np.ones((L, L), bool), 1)
+        for impl in IMPLS:
+            program = self.program(impl)
+            rows = []
+            for i in range(L):  # |d logits_i / d x_j| summed over batch and features: [L] over j
+                cot = jnp.zeros((B, L, V)).at[:, i].set(1.0)
+                dx = program(self.params, self.tokens, self.dx, self.positions["gappy"], cot)[2][1]
+                rows.append(np.abs(np.asarray(dx)).sum(axis=(0, 2)))
+            n = np.stack(rows)  # [i, j]
+            if (n[later] != 0).any():
+                i, j = np.argwhere(later & (n != 0))[0]
+                return "FAIL", f"{impl}: the output at {i} depends on the input at {j} > {i}"
+            if not (n[~later] > 0).all():
+                i, j = np.argwhere(~later & ~(n > 0))[0]
+                return "FAIL", f"{impl}: the output at {i} does not depend on the input at {j} <= {i}"
+        return "passed", "d logits_i / d x_j = 0 exactly for j > i, != 0 for j <= i (dense, blocked)"
+
+    def check_finite_gradients(self):
+        problems = []
+        for impl in IMPLS:
+            value, _, grads = self.forward(impl)
+            if not np.isfinite(value):
+                problems.append(f"{impl}: the loss is {value}")
+            for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
+                if not np.isfinite(np.asarray(leaf)).all():
+                    what = "the input" if path[0].idx == 1 else jax.tree_util.keystr(path[1:])
+                    problems.append(f"{impl}: the gradient of {what} is not finite")
+        own = _unit_param_paths(self.forward("dense")[2][0])
+        for path, leaf in own:
+            if not np.abs(np.asarray(leaf)).max() > 0:
+                problems.append(f"the unit's parameter {path} gets no gradient")
+        if problems:
+            return "FAIL", "; ".join(problems)
+        return "passed", f"{len(own)} parameter(s) of the unit get finite, non-zero gradients"
+
+    def check_jit_and_vmap(self):
+        rtol, atol = TOLERANCE["jit and vmap"]
+        _, want, _ = self.forward("dense")
+        g, rest = self.graphdefs["dense"], self.rest
+
+        @jax.jit
+        def mapped(params, tokens, positions):  # one example [L] at a time, as a batch of 1
+            one = lambda t, p: nnx.merge(g, params, rest)(t[None], p[None])[0]  # noqa: E731
+            return jax.vmap(one)(tokens, positions)
+
+        got = mapped(self.params, self.tokens, self.positions["gappy"])
+        ok, detail = _worst(got, want, rtol, atol)
+        if not ok:
+            return "FAIL", (f"the forward vmapped over the examples differs from the jitted batched "
+                            f"forward beyond rtol {rtol:g}, atol {atol:g} ({detail})")
+        return "passed", f"under jit, and vmapped over the examples: {detail}"
