@@ -133,7 +133,8 @@ def _train_step(task, config, *, mesh=None, fsdp=False):
 
         def loss_fn(params):
             m = nnx.merge(mgraph, params, rest)
-            logits = m(batch["inputs"], positions, deterministic=False)
+            # the input unit's training randomness (Abacus's offset): a key apart from the data's
+            logits = m(batch["inputs"], positions, deterministic=False, key=jax.random.fold_in(key, 1))
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
             zl = (stability.z_loss(logits, weight=z_weight, mask=batch["mask"])
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
