@@ -236,6 +236,36 @@ def test_operand_lengths_are_independent_and_the_longer_has_n_digits():
     assert {x for x, y in pairs} == set(range(1, n + 1)) and {y for x, y in pairs} == set(range(1, n + 1))
 
 
+def pick_char_set(max_len, start, set_of_chars):
+    """``create_data_split.pick_char_set`` of mcleish7/arithmetic with its random start passed in."""
+    if start + max_len > len(set_of_chars):  # i.e. cycle round
+        return set_of_chars[start:len(set_of_chars)] + set_of_chars[:start + max_len - len(set_of_chars)]
+    return set_of_chars[start:start + max_len]
+
+
+def hints_helper(num_str, chars):
+    """``create_data_split.hints_helper``: each character of the number after its hint."""
+    return [x for char, digit in zip(chars, num_str) for x in (char, digit)]
+
+
+def test_index_hints_of_the_reversed_format_are_mcleish_et_al_s():
+    # bucket_method_gen with reverse_all and index_hints: one cyclic run of hints from a random start,
+    # max_len = the longest of a, b and c, applied to each reversed number from its first character.
+    task = tasks.make("addition", format="reversed", index_hints=True, hints=7)
+    hint_names = list(task.symbols[11:])
+    for split in ("train", "eval"):
+        seq, _ = task_checks.sequences(task.batch(jax.random.key(4), 32, 40, split=split))
+        for row in seq.tolist():
+            p, s, e = row.index(PLUS), row.index(SEP), row.index(EOS)
+            parts = [row[1:p], row[p + 1:s], row[s + 1:e]]
+            nums = [[task.symbols[t - FIRST_SYMBOL] for t in part[1::2]] for part in parts]
+            start = hint_names.index(task.symbols[parts[0][0] - FIRST_SYMBOL])
+            assert start == 0 or split == "train"
+            chars = pick_char_set(max(map(len, nums)), start, hint_names)
+            for part, num in zip(parts, nums):
+                assert [task.symbols[t - FIRST_SYMBOL] for t in part] == hints_helper(num, chars)
+
+
 def test_index_hints_offset_is_random_at_training_and_zero_at_evaluation():
     task = tasks.make("addition", format="reversed", index_hints=True, hints=11)
     first_hint = lambda b: set((np.asarray(b["inputs"])[:, 1] - FIRST_SYMBOL - 11).tolist())  # noqa: E731
