@@ -29,8 +29,10 @@ def _permutation_gap(kind, *, causal):
     model = small_model(kind, num_layers=1)
     x = _x(1, length=6)
     perm = jnp.array([3, 0, 5, 1, 4, 2])
-    out = model.forward_embeddings(x, causal=causal)
-    out_perm = model.forward_embeddings(x[:, perm], causal=causal)
+    # token ids behind x, for units that read them (Abacus: runs of the digit ids 4-13)
+    tokens = jnp.array([[5, 6, 7, 1, 8, 9]] * 2)
+    out = model.forward_embeddings(x, causal=causal, tokens=tokens)
+    out_perm = model.forward_embeddings(x[:, perm], causal=causal, tokens=tokens[:, perm])
     return float(jnp.abs(out_perm - out[:, perm]).max())
 
 

@@ -108,7 +108,7 @@ def test_a_typo_fails_on_the_command_line_in_a_config_file_and_in_code(tmp_path)
 
 @pytest.mark.parametrize("field, value, message", [
     ("task.name", "copyy", r"unknown task 'copyy'; choose one of: copy"),
-    ("model.position.kind", "rop", r"unknown position kind 'rop'; choose one of: alibi"),
+    ("model.position.kind", "rop", r"unknown position kind 'rop'; choose one of: abacus, alibi"),
     ("model.norm.placement", "middle", r"unknown norm placement 'middle'"),
     ("train.steps", 0, r"train.steps must be an integer >= 1; got 0"),
     ("train.learning_rate", -1.0, r"train.learning_rate must be > 0"),
@@ -178,7 +178,7 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("flag, message", [
     ("--config.model.position.kind=rop",
-     "error: model.position.kind: unknown position kind 'rop'; choose one of: alibi, cope, fire"),
+     "error: model.position.kind: unknown position kind 'rop'; choose one of: abacus, alibi, cope, fire"),
     ("--config.train.stepz=3",
      "error: --config.train.stepz: unknown config field 'train.stepz'; did you mean 'train.steps'?"),
 ])

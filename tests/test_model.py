@@ -189,7 +189,7 @@ def test_learned_table_shorter_than_the_sequence_raises_before_tracing():
 
 
 BAD = [
-    (dict(position=dict(kind="rop")), "unknown position kind 'rop'; choose one of: alibi"),
+    (dict(position=dict(kind="rop")), "unknown position kind 'rop'; choose one of: abacus, alibi"),
     (dict(norm=dict(kind="batch")), "unknown norm kind 'batch'"),
     (dict(norm=dict(placement="middle")), "unknown norm placement 'middle'"),
     (dict(norm=dict(qk_norm="cosine")), "unknown qk_norm 'cosine'"),

@@ -201,7 +201,7 @@ def test_the_relative_declarations_are_the_encodings_relative_in_theory():
     # sinusoidal / learned read absolute positions; FIRE's normaliser max(i, L) does too.
     assert {"sinusoidal", "learned", "fire"}.isdisjoint(RELATIVE)
     assert {"rope", "irope", "xpos", "alibi", "t5", "shaw", "transformer_xl", "kerple_log", "kerple_power",
-            "cope", "nope", "fox", "stickbreaking", "path", "path_fox"} <= set(RELATIVE)
+            "cope", "nope", "fox", "stickbreaking", "path", "path_fox", "abacus"} <= set(RELATIVE)
 
 
 # Through the decoder: the logits of every unit declaring ``relative``, dense and blocked, at

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 import posenc.tasks as tasks
 from posenc.tasks import BOS, EOS, FIRST_SYMBOL, PAD, PLUS, SEP
-from posenc.tasks import registry
-from posenc.tasks.algorithmic import _add_digits
+from posenc.tasks import digits, registry
 from posenc.tasks.base import Task, compose
 
 LENGTH = 30
@@ -28,8 +27,6 @@ CASES = [
     ("parity", {}),
     ("recall", {}),
     ("recall", {"keys": 5, "values": 3}),
-    ("addition", {}),
-    ("addition", {"reverse_output": False, "reverse_operands": True}),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in opts.items()) or 'default'}" for name, opts in CASES]
 
@@ -47,16 +44,6 @@ def reference(task, row):
     row = [int(t) for t in row]
     assert row[0] == BOS
     sym = lambda t: t - FIRST_SYMBOL  # noqa: E731
-    if task.name == "addition":
-        p = row.index(PLUS)
-        n = p - 1
-        a, b = [sym(t) for t in row[1:p]], [sym(t) for t in row[p + 1 : p + 1 + n]]
-        assert all(0 <= d <= 9 for d in a + b)
-        value = lambda ds: int("".join(map(str, ds[::-1] if task.reverse_operands else ds)))  # noqa: E731
-        c = [int(d) for d in str(value(a) + value(b)).zfill(n + 1)]
-        c = c[::-1] if task.reverse_output else c
-        tokens = [BOS] + row[1:p] + [PLUS] + row[p + 1 : p + 1 + n] + [SEP] + [FIRST_SYMBOL + d for d in c] + [EOS]
-        return n, tokens, list(range(2 * n + 3, 3 * n + 5))
     s = row.index(SEP)
     problem = row[1:s]
     if task.name == "recall":
@@ -220,8 +207,8 @@ def test_too_short_length_names_length_and_minimum(name, minimum):
 
 
 ALL_NAMES = [
-    "copy", "reverse", "sort", "parity", "parity_check", "recall", "addition",
-    "even_pairs", "modular_arithmetic", "cycle_navigation",
+    "copy", "reverse", "sort", "parity", "parity_check", "recall", "addition", "multi_addition",
+    "multiplication", "even_pairs", "modular_arithmetic", "cycle_navigation",
     "stack_manipulation", "reverse_string", "modular_arithmetic_brackets", "solve_equation",
     "duplicate_string", "odds_first", "bucket_sort", "missing_duplicate_string", "binary_addition",
     "binary_multiplication", "compute_sqrt",
@@ -234,7 +221,8 @@ ALL_NAMES = [
 def test_make_errors():
     with pytest.raises(ValueError, match=f"unknown task 'cpy'; choose one of: {', '.join(ALL_NAMES)}$"):
         tasks.make("cpy")
-    with pytest.raises(ValueError, match="unknown option 'alphabt' for task 'copy'; choose from: alphabet$"):
+    with pytest.raises(ValueError, match="unknown option 'alphabt' for task 'copy'; choose from: alphabet, "
+                                         "coupled, max_position$"):
         tasks.make("copy", alphabt=4)
     with pytest.raises(ValueError, match="unknown option 'keys' for task 'parity_check'; choose from: \\(none\\)"):
         tasks.make("parity_check", keys=4)
@@ -243,8 +231,9 @@ def test_make_errors():
         tasks.make("mqar", slot=2)
     with pytest.raises(ValueError, match="alphabet must be an integer >= 2; got 1"):
         tasks.make("copy", alphabet=1)
-    with pytest.raises(ValueError, match="reverse_output must be True or False; got 1"):
-        tasks.make("addition", reverse_output=1)
+    with pytest.raises(ValueError, match="unknown format 'lsd'; choose one of: msd, reversed, reversed_output, "
+                                         "reversed_padded"):
+        tasks.make("addition", format="lsd")
     with pytest.raises(ValueError, match="unknown split 'test'; choose one of: train, eval"):
         tasks.make("copy").batch(jax.random.key(0), 2, 8, split="test")
     with pytest.raises(ValueError, match="min_size 1 is outside \\[2, 6\\] \\(sizes of task 'lego' at length 33\\)"):
@@ -260,7 +249,7 @@ def test_vocab_sizes_and_token_ids():
     assert tasks.make("addition").vocab_size == 15
 
 
-def test_add_digits_matches_python():
+def test_digit_sums_match_python():
     rng = np.random.default_rng(0)
     width = 9
     # Random digits plus the carry-chain edge cases (all nines, 999 + 1, zeros).
@@ -270,7 +259,7 @@ def test_add_digits_matches_python():
     edge_b = np.array([[9] * 8 + [0], [1] + [0] * 8, [0] * 9, [5, 0, 0, 0, 0, 0, 0, 0, 0]])
     a, b = np.concatenate([a[:, :-1], edge_a[:, :-1]]), np.concatenate([b[:, :-1], edge_b[:, :-1]])
     a, b = np.pad(a, ((0, 0), (0, 1))), np.pad(b, ((0, 0), (0, 1)))  # top digit 0 for the carry
-    c = np.asarray(jax.vmap(_add_digits)(a, b))
+    c = np.asarray(jax.vmap(lambda x, y: digits.add_many(jnp.stack([x, y])))(a, b))
     to_int = lambda ds: int("".join(str(int(d)) for d in ds[::-1]))  # noqa: E731
     for x, y, z in zip(a, b, c):
         assert to_int(z) == to_int(x) + to_int(y)
@@ -298,7 +287,7 @@ def test_every_task_makes_with_defaults_and_has_json_metadata(name):
     task = tasks.make(name)
     meta = json.loads(json.dumps(task.metadata()))
     assert meta["name"] == name and meta["level"] == task.level and meta["source"] == task.source
-    assert meta["vocab_size"] == task.vocab_size and meta["format"].startswith("seq_len(n) = ")
+    assert meta["vocab_size"] == task.vocab_size and meta["size_law"].startswith("seq_len(n) = ")
     assert task.options() == tasks.spec(name)["options"]  # defaults are what the task was made with
     assert tasks.make(name, **task.options()).metadata() == meta
     if task.symbols:

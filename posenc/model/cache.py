@@ -21,6 +21,7 @@ Layout::
     {"k": (layer 0 [B, S, K, Dh], ...), "v": (...),
      "features": (layer 0 {name: [B, S, ...]}, ...),   # {} for most encodings
      "state": (layer 0 {name: array}, ...),            # {} for most encodings
+     "input_state": {name: array},  # the input unit's state ({} for most; Abacus: its digit run)
      "positions": int32 [B, S],   # position given for each written slot
      "length": int32 []}          # number of written slots
 """
@@ -32,12 +33,13 @@ import jax.numpy as jnp
 
 
 def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, features=None,
-         states=None):
+         states=None, input_state=None):
     """An empty cache for ``max_length`` tokens.
 
     ``features``: per layer, name -> shape of one token's feature
     (``jax.ShapeDtypeStruct`` [B, 1, ...]); ``states``: per layer, the unit's
-    initial decoding state (a dict of arrays).
+    initial decoding state (a dict of arrays); ``input_state``: the input
+    unit's (``Encoding.token_embed``).
     """
     shape = (batch_size, max_length, num_kv_heads, head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
@@ -48,6 +50,7 @@ def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, f
         "features": tuple({n: jnp.zeros((f.shape[0], max_length) + tuple(f.shape[2:]), f.dtype)
                            for n, f in layer.items()} for layer in features),
         "state": tuple(states or [{}] * num_layers),
+        "input_state": dict(input_state or {}),
         "positions": jnp.zeros((batch_size, max_length), jnp.int32),
         "length": jnp.zeros((), jnp.int32),
     }
@@ -60,11 +63,12 @@ def layer(cache, i):
             "state": cache.get("state", ({},) * len(cache["k"]))[i]}
 
 
-def assemble(entries, *, positions, length):
+def assemble(entries, *, positions, length, input_state=None):
     """The cache from every layer's entry (as :func:`layer` gives them) and the shared fields."""
     return {"k": tuple(e["k"] for e in entries), "v": tuple(e["v"] for e in entries),
             "features": tuple(e["features"] for e in entries),
             "state": tuple(e["state"] for e in entries),
+            "input_state": dict(input_state or {}),
             "positions": positions, "length": length}
 
 

@@ -115,12 +115,15 @@ class Decoder(nnx.Module):
             x = x * stability.embed_scale(self.d_model, self.dtype)
         return x
 
-    def _input(self, x, positions, deterministic):
+    def _input(self, x, positions, deterministic, *, tokens=None, key=None, state=None):
+        """Embeddings plus the input unit's vectors -> (h, the input unit's state after the tokens)."""
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         if self.input_encoding is not None:
-            x = x + self.input_encoding.embed(positions, self.d_model).astype(x.dtype)
-        return self.dropout(x, deterministic=deterministic)
+            e, state = self.input_encoding.token_embed(tokens, positions, self.d_model, key=key,
+                                                       state=state)
+            x = x + e.astype(x.dtype)
+        return self.dropout(x, deterministic=deterministic), state
 
     def _output(self, x):
         if self.final_norm is not None:
@@ -134,11 +137,13 @@ class Decoder(nnx.Module):
 
     # -- full forward -------------------------------------------------------------------
     def forward_embeddings(self, x, positions=None, *, deterministic=True, causal=True,
-                           return_stats=False):
+                           return_stats=False, tokens=None, key=None):
         """Logits from token embeddings x [B, L, D] (before the input position embedding).
 
         The entry point for gradient tests (causality: d logits_i / d x_j = 0 for
         j > i). ``causal=False`` drops the causal mask (permutation tests).
+        ``tokens`` [B, L]: the ids behind ``x``, for an input unit that reads
+        them (Abacus; None: it sees no token ids); ``key``: see ``__call__``.
         """
         B, L, _ = x.shape
         self.check_length(L)
@@ -148,7 +153,7 @@ class Decoder(nnx.Module):
         positions = self._positions(positions, B, L, shared=True)
         if seq_len is None:
             seq_len = jnp.max(positions) + 1
-        h = self._input(x.astype(self.dtype), positions, deterministic)
+        h, _ = self._input(x.astype(self.dtype), positions, deterministic, tokens=tokens, key=key)
 
         def attend(attn, hin):
             return attn.forward(hin, positions, seq_len=seq_len, causal=causal,
@@ -164,23 +169,30 @@ class Decoder(nnx.Module):
             return logits
         return logits, _collect_stats(layer_stats, logits)
 
-    def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False):
-        """tokens int [B, L]; positions int [B, L] or [L] (default arange) -> logits [B, L, V]."""
+    def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False, key=None):
+        """tokens int [B, L]; positions int [B, L] or [L] (default arange) -> logits [B, L, V].
+
+        ``key``: a PRNG key for the training-time randomness of the input unit
+        (Abacus's offset k); None (evaluation, the default) draws nothing.
+        """
         tokens = jnp.asarray(tokens)
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape [B, L]; got {tokens.shape}")
         return self.forward_embeddings(self.embed_tokens(tokens), positions,
-                                       deterministic=deterministic, return_stats=return_stats)
+                                       deterministic=deterministic, return_stats=return_stats,
+                                       tokens=tokens, key=key)
 
     # -- decoding -----------------------------------------------------------------------
     def init_cache(self, batch_size: int, max_length: int):
         """Empty KV cache (plain arrays) for up to ``max_length`` tokens; see posenc.model.cache."""
         self.check_length(max_length)
         units = [b.attn.encoding for b in self.blocks]
+        unit = self.input_encoding
         return cache_lib.init(self.num_layers, batch_size, max_length, self.num_kv_heads,
                               self.head_dim, self.dtype,
                               features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks],
-                              states=[u.init_state(batch_size) for u in units])
+                              states=[u.init_state(batch_size) for u in units],
+                              input_state=None if unit is None else unit.init_state(batch_size))
 
     def _feature_shapes(self, attn, batch_size):
         """name -> ShapeDtypeStruct [B, 1, ...] of the features the layer's keys need (one token)."""
@@ -217,7 +229,8 @@ class Decoder(nnx.Module):
         all_positions = cache_lib.write(cache["positions"], positions, length)
         written = jnp.arange(S) < length + T
         seq_len = jnp.max(jnp.where(written[None, :], all_positions, 0)) + 1  # as in forward_embeddings
-        h = self._input(self.embed_tokens(tokens), positions, deterministic)
+        h, input_state = self._input(self.embed_tokens(tokens), positions, deterministic,
+                                     tokens=tokens, state=cache.get("input_state", {}))
         entries = []
 
         def attend_for(i):
@@ -230,7 +243,8 @@ class Decoder(nnx.Module):
 
         for i, block in enumerate(self.blocks):
             h, _ = block(h, attend_for(i), deterministic=deterministic)
-        new_cache = cache_lib.assemble(entries, positions=all_positions, length=length + T)
+        new_cache = cache_lib.assemble(entries, positions=all_positions, length=length + T,
+                                       input_state=input_state)
         return self._output(h), new_cache
 
 

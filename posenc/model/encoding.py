@@ -14,6 +14,15 @@ branches on the kind):
 - ``embed(positions, dim)``: a vector per position added to the token
   embeddings (sinusoidal, learned); such encodings act at the input and
   their layers attend without position terms;
+- ``token_embed(tokens, positions, dim, *, key, state) -> (vectors, state)``:
+  the same, for input units that read the token ids (Abacus: a row per
+  digit's place in its number). ``tokens`` int [B, L] (None when the model
+  is called on embeddings, ``Decoder.forward_embeddings``); ``key`` a PRNG
+  key for training-time randomness (Abacus's offset), None at evaluation
+  and in decoding; ``state`` the unit's state before the first of these
+  tokens (None: :meth:`init_state`'s), the returned one after the last:
+  the KV cache keeps it (``input_state``) so that decoding in pieces equals
+  one pass. The default calls ``embed`` and keeps the state;
 - ``qk(q, k, q_positions, k_positions, *, seq_len)``: rotate or scale queries
   and keys (RoPE family, xPos); the default calls ``query`` and ``key``;
 - ``bias(q_positions, k_positions)``: a logit bias from positions only
@@ -112,6 +121,7 @@ ENCODINGS: dict[str, type["Encoding"]] = {}
 # Protocol methods and the attach point each stands for (tables, attention's fast path).
 ATTACH_POINTS = {
     "embed": "embeddings",
+    "token_embed": "embeddings",
     "query": "queries, keys",
     "key": "queries, keys",
     "qk": "queries, keys",
@@ -192,8 +202,8 @@ class Encoding(nnx.Module):
 
     @classmethod
     def acts_at_input(cls) -> bool:
-        """Adds a vector per position to the token embeddings (its layers are NoPE)."""
-        return overrides(cls, "embed")
+        """Adds a vector per position (or token) to the token embeddings (its layers are NoPE)."""
+        return overrides(cls, "embed") or overrides(cls, "token_embed")
 
     @property
     def has_content_logits(self) -> bool:
@@ -276,6 +286,9 @@ class Encoding(nnx.Module):
 
     def embed(self, positions, dim):
         return None
+
+    def token_embed(self, tokens, positions, dim, *, key=None, state=None):
+        return self.embed(positions, dim), state
 
     def query(self, q, positions, *, seq_len):
         return q

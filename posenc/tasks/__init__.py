@@ -16,7 +16,9 @@ is read off the task classes: ``TASKS`` maps every name (aliases included)
 to its description, ``spec(name)`` gives its source, level and options.
 
 Families: :mod:`~posenc.tasks.synthetic` (copy, reverse, sort, parity),
-:mod:`~posenc.tasks.algorithmic` (recall, addition), the Chomsky hierarchy
+:mod:`~posenc.tasks.algorithmic` (recall), :mod:`~posenc.tasks.arithmetic`
+(addition in the papers' formats, with index hints or coupled positions;
+multi-operand addition) and :mod:`~posenc.tasks.multiplication`, the Chomsky hierarchy
 of Delétang et al. 2023 (:mod:`~posenc.tasks.chomsky_regular`,
 :mod:`~posenc.tasks.chomsky_dcf`, :mod:`~posenc.tasks.chomsky_cs`),
 Kazemnejad et al. 2023 (:mod:`~posenc.tasks.kazemnejad`), recall and state
@@ -34,17 +36,20 @@ from posenc.tasks.registry import LEVELS, TASKS, make, spec, task_class
 
 # Family modules in the order TASKS lists them; any other module of the
 # package is imported after them, so a new file of task classes needs no edit here.
-_FAMILIES = ("synthetic", "algorithmic", "chomsky_regular", "chomsky_dcf", "chomsky_cs", "kazemnejad",
-             "recall_tasks", "passkey", "text")
+_FAMILIES = ("synthetic", "algorithmic", "arithmetic", "multiplication", "chomsky_regular", "chomsky_dcf",
+             "chomsky_cs", "kazemnejad", "recall_tasks", "passkey", "text")
 _MODULES = sorted(m.name for m in pkgutil.iter_modules(__path__))
 for _module in (*(m for m in _FAMILIES if m in _MODULES), *_MODULES):
     importlib.import_module(f"{__name__}.{_module}")
 
-from posenc.tasks.algorithmic import PLUS, Addition, Recall  # noqa: E402
+from posenc.tasks.algorithmic import Recall  # noqa: E402
+from posenc.tasks.arithmetic import PLUS, Addition, MultiAddition  # noqa: E402
+from posenc.tasks.multiplication import Multiplication  # noqa: E402
 from posenc.tasks.synthetic import Copy, Parity, Reverse, Sort  # noqa: E402
 from posenc.tasks.text import Text  # noqa: E402
 
 __all__ = [
     "TASKS", "LEVELS", "make", "spec", "task_class", "Task", "Copy", "Reverse", "Recall", "Sort", "Addition",
-    "Parity", "Text", "PAD", "BOS", "SEP", "EOS", "PLUS", "FIRST_SYMBOL", "NUM_SPECIAL", "SPLITS",
+    "MultiAddition", "Multiplication", "Parity", "Text", "PAD", "BOS", "SEP", "EOS", "PLUS", "FIRST_SYMBOL",
+    "NUM_SPECIAL", "SPLITS",
 ]

@@ -22,6 +22,14 @@ from ``[min_size, max_size(length)]`` (``min_size`` defaults to the task's
 ``n = max_size(length)``, so evaluating at 4x the training length tests
 problems at least 4x larger (Delétang et al. 2023; Ruoss et al. 2023).
 
+Coupled positions: a task with position coupling (Cho et al. 2024) also
+returns ``position_ids`` int32 [B, length], the position id of each input
+token, assigned by the task's structure (``posenc.position_coupling``); the
+training and evaluation steps feed them to the model as its positions. Its
+``_example`` returns them as a third array, and a task whose examples differ
+between the splits (a random offset at training only) sets
+``split_aware = True`` and takes ``train`` (a Python bool) in ``_example``.
+
 Size laws: ``seq_len(n)`` is the most tokens a size-``n`` example takes
 (BOS to its last answer token; an example may be shorter, padded with PAD).
 By default it is linear, ``per_size * n + overhead``; a task may override
@@ -78,6 +86,9 @@ class Task(Registered):
     overhead: int = 0
     smallest: int = 1
     size_cap: int | None = None
+    split_aware: bool = False  # _example takes train= (the module docstring)
+    position_levels: int = 0  # levels of the coupled position_ids it emits (0: none)
+    digit_tokens: tuple[int, ...] = ()  # ids of the digits 0-9 (arithmetic tasks; read by Abacus)
 
     def __init__(self, *, seed: int = 0):
         self.seed = check_int("seed", seed, minimum=0)
@@ -85,7 +96,7 @@ class Task(Registered):
         # only in seed share it, since the seed is folded into the key outside.
         spec = (type(self), tuple(sorted(self.options().items())))
         if spec not in _COMPILED:
-            _COMPILED[spec] = jax.jit(self._generate, static_argnums=(1, 2, 3, 4))
+            _COMPILED[spec] = jax.jit(self._generate, static_argnums=(1, 2, 3, 4, 5))
         self._generate_jit = _COMPILED[spec]
 
     @property
@@ -144,7 +155,9 @@ class Task(Registered):
         """A batch of ``batch_size`` examples padded to ``length`` tokens.
 
         Returns ``inputs`` int32 [B, length], ``targets`` int32 [B, length]
-        (next tokens) and ``mask`` float32 [B, length] (1.0 on answer tokens).
+        (next tokens) and ``mask`` float32 [B, length] (1.0 on answer tokens);
+        a task with coupled positions also ``position_ids`` int32 [B, length]
+        (the id of each input token).
         Pure jax: jit it with ``jax.jit(task.batch, static_argnums=(1, 2))``
         (pass ``min_size`` / ``split`` through ``functools.partial`` or
         ``static_argnames``); the same key gives the same batch. Every row is
@@ -164,9 +177,9 @@ class Task(Registered):
         if self.seed:
             # Different task seeds give different data from the same trainer key.
             key = jax.random.fold_in(key, self.seed)
-        return self._generate_jit(key, batch_size, int(length), lo, max_n)
+        return self._generate_jit(key, batch_size, int(length), lo, max_n, split)
 
-    def _generate(self, key, batch_size, length, lo, hi):
+    def _generate(self, key, batch_size, length, lo, hi, split="train"):
         # All randomness of the batch in one draw of 32-bit words, reduced
         # modulo each column's bound (bias < bound / 2**32): one threefry call
         # keeps compiles fast, since every separate random call is its own kernel.
@@ -175,13 +188,18 @@ class Task(Registered):
         draws = (words % bounds).astype(jnp.int32)
         sizes = lo + draws[:, 0]
         width = length + 1
-        seq, answer = jax.vmap(lambda r, n: self._example(r, n, hi, width))(draws[:, 1:], sizes)
+        flags = {"train": split == "train"} if self.split_aware else {}
+        seq, answer, *ids = jax.vmap(lambda r, n: self._example(r, n, hi, width, **flags))(
+            draws[:, 1:], sizes)
         seq = seq.astype(jnp.int32)
-        return {
+        out = {
             "inputs": seq[:, :-1],
             "targets": seq[:, 1:],
             "mask": answer[:, 1:].astype(jnp.float32),
         }
+        if ids:  # coupled positions: the id of each input token
+            out["position_ids"] = ids[0][:, :-1].astype(jnp.int32)
+        return out
 
     def _bounds(self, max_n: int) -> list[int]:
         """Exclusive upper bounds of the random integers one example consumes."""
@@ -191,6 +209,8 @@ class Task(Registered):
         """One example: (tokens int32 [width], answer bool [width]) for traced size ``n``.
 
         ``draws`` int32 [len(_bounds(max_n))]: ``draws[j]`` uniform in ``[0, bound_j)``.
+        A task with coupled positions returns ``position_ids`` int [width] as a
+        third array; with ``split_aware`` it takes ``train`` as well.
         """
         raise NotImplementedError
 
@@ -200,7 +220,9 @@ class Task(Registered):
             **self.describe(),
             "vocab_size": self.vocab_size,
             "seed": self.seed,
-            "format": f"seq_len(n) = {self.law}",
+            "size_law": f"seq_len(n) = {self.law}",
+            "position_levels": self.position_levels,
+            "digit_tokens": list(self.digit_tokens),
             "smallest": self.smallest,
             "size_cap": self.size_cap,
             "symbols": list(self.symbols),

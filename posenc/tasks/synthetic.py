@@ -18,6 +18,14 @@ copy (n=3, length 8)::
 
 reverse: ``BOS a b c SEP c b a`` (answer: the input reversed), 2n + 2 tokens.
 
+Position coupling (Cho et al. 2024; HanseulJo/position-coupling
+``CopyDatasetWithCoupledPositions``): copy and reverse with ``coupled=True``
+add ``position_ids`` to the batch, so that each answer token shares the id
+of the input token it copies. BOS and PAD get 0; copy: x_i -> s0 + 1 + i,
+SEP -> s0, y_j -> s0 + 1 + j; reverse: x_i -> s0 + i, SEP -> s0 + n,
+y_j -> s0 + n - 1 - j. At training s0 is uniform in [1, max_position - n],
+at evaluation 1 (``max_position=0``: 1 always).
+
 sort: ``BOS c a b SEP a b c`` (answer: the symbols in ascending id order,
 duplicates kept), 2n + 2 tokens.
 
@@ -33,13 +41,15 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from posenc.tasks.base import BOS, FIRST_SYMBOL, PAD, SEP, Task, check_int, gather, segment
+from posenc import checks
+from posenc.tasks.base import BOS, FIRST_SYMBOL, PAD, SEP, WORD, Task, check_int, gather, segment, uniform
 
 
 class _Transduction(Task):
     """``BOS x_1..x_n SEP f(x)_1..f(x)_n`` over an alphabet of ``alphabet`` symbols."""
 
     per_size, overhead = 2, 2
+    coupled, max_position = False, 0
 
     def __init__(self, *, alphabet: int = 16, seed: int = 0):
         self.alphabet = check_int("alphabet", alphabet, minimum=2)
@@ -51,10 +61,14 @@ class _Transduction(Task):
         raise NotImplementedError
 
     def _bounds(self, max_n):
-        return [self.alphabet] * max_n
+        return [self.alphabet] * max_n + [WORD] * self.coupled
 
-    def _example(self, draws, n, max_n, width):
-        x = draws
+    def _ids(self, pos, n, s0):
+        """Coupled ids of sequence positions ``pos`` (copy and reverse define them)."""
+        raise NotImplementedError
+
+    def _example(self, draws, n, max_n, width, *, train=False):
+        x = draws[:max_n]
         y = self._answer(x, n)
         pos = jnp.arange(width)
         in_x, ix = segment(pos, 1, n)
@@ -64,10 +78,43 @@ class _Transduction(Task):
         tokens = jnp.where(in_x, FIRST_SYMBOL + gather(x, ix), tokens)
         tokens = jnp.where(pos == n + 1, SEP, tokens)
         tokens = jnp.where(in_y, FIRST_SYMBOL + gather(y, iy), tokens)
-        return tokens, in_y
+        if not self.coupled:
+            return tokens, in_y
+        s0 = jnp.ones((), jnp.int32)
+        if train and self.max_position:  # torch.randint(1, max_position - n + 1)
+            s0 = uniform(draws[max_n], 1, jnp.maximum(self.max_position - n, 1)).astype(jnp.int32)
+        ids = jnp.where((pos > 0) & (pos < 2 * n + 2), self._ids(pos, n, s0), 0)
+        return tokens, in_y, ids
 
 
-class Copy(_Transduction):
+class _Coupled(_Transduction):
+    """A transduction with optional coupled position ids (copy, reverse)."""
+
+    split_aware = True
+
+    def __init__(self, *, alphabet: int = 16, coupled: bool = False, max_position: int = 0,
+                 seed: int = 0):
+        self.coupled = checks.boolean("coupled", coupled)
+        self.max_position = check_int("max_position", max_position, minimum=0)
+        if not self.coupled and self.max_position:
+            raise ValueError(f"option max_position={max_position!r} of task {self.names[0]!r} needs "
+                             "coupled=True; leave it at 0")
+        super().__init__(alphabet=alphabet, seed=seed)
+
+    @property
+    def position_levels(self) -> int:
+        return int(self.coupled)
+
+    def batch(self, key, batch_size, length, *, min_size=None, split="train"):
+        n = self.max_size(length)
+        if self.coupled and split == "train" and self.max_position and self.max_position < n + 1:
+            raise ValueError(f"max_position {self.max_position} is too small for size-{n} problems of "
+                             f"task {self.name!r}: their coupled ids need max_position >= {n + 1} "
+                             "(0: no random offset)")
+        return super().batch(key, batch_size, length, min_size=min_size, split=split)
+
+
+class Copy(_Coupled):
     """copy: ``BOS x SEP x`` (Kazemnejad et al. 2023; Delétang et al.'s ``duplicate_string`` writes x twice)."""
 
     names = ("copy",)
@@ -77,8 +124,12 @@ class Copy(_Transduction):
     def _answer(self, x, n):
         return x
 
+    def _ids(self, pos, n, s0):
+        # x_i at pos 1 + i, SEP at n + 1, y_j at n + 2 + j (CopyDatasetWithCoupledPositions, in order)
+        return jnp.where(pos <= n, s0 + pos, jnp.where(pos == n + 1, s0, s0 + pos - n - 1))
 
-class Reverse(_Transduction):
+
+class Reverse(_Coupled):
     """reverse: ``BOS x SEP reversed(x)`` (Delétang et al. 2023; Kazemnejad et al. 2023)."""
 
     names = ("reverse",)
@@ -89,6 +140,10 @@ class Reverse(_Transduction):
     def _answer(self, x, n):
         # y_i = x_{n-1-i}; indices past n are clipped and masked by the caller.
         return gather(x, n - 1 - jnp.arange(x.shape[0]))
+
+    def _ids(self, pos, n, s0):
+        # x_i -> s0 + i, SEP -> s0 + n, y_j (= x_{n-1-j}) -> s0 + n - 1 - j (reverse_output=True)
+        return jnp.where(pos <= n + 1, s0 + pos - 1, s0 + 2 * n + 1 - pos)
 
 
 class Sort(_Transduction):

@@ -87,12 +87,20 @@ def positions_for(config, key, batch_size: int, length: int):
 
 
 def _batch(task, config, key, batch_size, length, *, split, min_size=None):
-    """The batch and positions of ``key`` (one split of the key: data, then positions)."""
+    """The batch and positions of ``key`` (one split of the key: data, then positions).
+
+    A task that emits ``position_ids`` (position coupling) gives the positions itself.
+    """
     data_key, pos_key = jax.random.split(key)
     if split == "train":
         batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
     else:
         batch = task.batch(data_key, batch_size, length, split=split)
+    if "position_ids" in batch:
+        if config.model.position.randomized:
+            raise ValueError("model.position.randomized=True, but the task gives its own positions "
+                             "(position_ids: position coupling); use one or the other")
+        return batch, batch["position_ids"]
     return batch, positions_for(config, pos_key, batch_size, length)
 
 
@@ -133,7 +141,8 @@ def _train_step(task, config, *, mesh=None, fsdp=False):
 
         def loss_fn(params):
             m = nnx.merge(mgraph, params, rest)
-            logits = m(batch["inputs"], positions, deterministic=False)
+            # the input unit's training randomness (Abacus's offset): a key apart from the data's
+            logits = m(batch["inputs"], positions, deterministic=False, key=jax.random.fold_in(key, 1))
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
             zl = (stability.z_loss(logits, weight=z_weight, mask=batch["mask"])
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
