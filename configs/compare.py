@@ -100,10 +100,10 @@ def _grid(**kw) -> ml_collections.ConfigDict:
 
 
 def chomsky_tasks() -> tuple[str, ...]:
-    """Every registered task with a Chomsky-hierarchy level (registry names, aliases left out)."""
+    """The 15 tasks of Delétang et al. 2023 (suite "chomsky" of the task registry, aliases left out)."""
     from posenc import tasks
 
-    return tuple(n for n in tasks.TASKS if tasks.spec(n)["level"] and tasks.spec(n)["task"] == n)
+    return tuple(n for n in tasks.TASKS if tasks.spec(n)["suite"] == "chomsky" and tasks.spec(n)["task"] == n)
 
 
 def _sized(name: str, train_size: int, eval_sizes) -> dict:

@@ -68,6 +68,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     b.model.update(num_heads=4)
     b.model.norm.kind = "layer"
     b.task.train_length = 64
+    # Wortsman et al. 2023: AdamW with independent weight decay 1e-4 (not multiplied by the peak
+    # learning rate, so the learning-rate grid does not change the decay)
+    b.train.update(weight_decay=1e-4, weight_decay_mode="independent")
     b.eval.update(lengths=(64,), batch_size=8, num_batches=2)
     c.variants = default.fields(VARIANTS)
     if arg == "smoke":  # the engine's tests: seconds per run on 2 cores

@@ -193,7 +193,10 @@ def test_logit_scale_multipliers_count_the_keys_of_the_span():
 def _preset(name):
     c = default.get_config("copy")
     c.task.train_length = 8
-    default.PRESETS[name](c)  # as the token: window / chunk = train_length // 2 = 4
+    from posenc.config import overrides
+    from posenc.training.schema import Run
+
+    overrides.apply(c, default.PRESETS[name](c), schema=Run)  # as the word: window / chunk = 8 // 2 = 4
     c.model.update(d_model=32, num_heads=4, vocab_size=16)
     return Decoder(ModelSpec.from_config(c.model, train_length=8), rngs=nnx.Rngs(0))
 

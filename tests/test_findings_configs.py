@@ -119,8 +119,11 @@ def test_randomized_gain_per_encoding_and_overall():
             + _runs("a", "alibi_randomized", [(0.4, 0.4)], fitted=False))  # nothing fitted: left out
     res = findings.randomized_gain(rows)
     assert res["tasks"]["a"]["rope"] == pytest.approx(0.4) and res["tasks"]["b"]["rope"] == pytest.approx(0.1)
-    mean, half, n = res["per_encoding"]["rope"]
+    mean, half, n = res["per_encoding"]["rope"][:3]
     assert (mean, n) == (pytest.approx(0.25), 2)
+    # paired by seed: task a's gains 0.4, 0.4 (an interval of width 0: helps); b's 0.1, 0.1
+    assert res["paired"]["a"]["rope"][:3] == (pytest.approx(0.4), pytest.approx(0.0), 2)
+    assert res["verdicts"]["a"]["rope"] == "helps" and res["verdicts"]["b"]["rope"] == "helps"
     assert half == pytest.approx(12.7062 * 0.15, rel=1e-4)  # t_0.975,1 s / sqrt(2), s = 0.3 / sqrt(2)
     assert res["missing"] == [("a", "alibi")] and res["per_encoding"]["alibi"] is None
     assert res["overall"][0] == pytest.approx(0.25)
@@ -151,7 +154,8 @@ def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
     assert res["copy"]["nope"]["best"] == "pre" and res["copy"]["nope"]["cells"]["post"]["diverged"] == 1
     assert res["text"]["rope"]["best"] == "post"
     md = findings.interaction_markdown(rows)
-    assert "depends on the encoding, with non-overlapping intervals: alibi: post, rope: pre" in md
+    assert "depends on the encoding, each clear of its runner-up by a paired seed interval: alibi: post, rope: pre" in md
+    assert res["copy"]["rope"]["paired"][:3] == (pytest.approx(0.4), pytest.approx(0.0), 3)
     written = findings.write("interaction", rows, str(tmp_path))
     assert [os.path.basename(p) for p in written] == [
         "findings.md", "findings_interaction_copy.png", "findings_interaction_text.png"]
@@ -163,3 +167,16 @@ def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
     with pytest.raises(ValueError, match="choose one of"):
         findings.write("gain", rows, str(tmp_path))
     assert findings.write("", rows, str(tmp_path)) == []
+
+
+def test_a_difference_within_seed_noise_is_unresolved_even_when_means_differ():
+    # per-seed gains +0.3, -0.1, +0.1: mean +0.1, but the paired interval includes zero
+    rows = (_runs("a", "rope", [(0.5, 0.5), (0.5, 0.5), (0.5, 0.5)])
+            + _runs("a", "rope_randomized", [(0.8, 0.8), (0.4, 0.4), (0.6, 0.6)]))
+    res = findings.randomized_gain(rows)
+    assert res["tasks"]["a"]["rope"] == pytest.approx(0.1) and res["verdicts"]["a"]["rope"] == "unresolved"
+    assert "unresolved" in findings.randomized_markdown(rows)
+    # the same means with seeds that agree: resolved
+    rows = (_runs("a", "rope", [(0.5, 0.5), (0.4, 0.4), (0.6, 0.6)])
+            + _runs("a", "rope_randomized", [(0.6, 0.6), (0.5, 0.5), (0.7, 0.7)]))
+    assert findings.randomized_gain(rows)["verdicts"]["a"]["rope"] == "helps"

@@ -46,10 +46,13 @@ def test_t_quantiles_match_the_table_and_scipy():
 
 def test_interval_is_the_t_interval_over_seeds():
     values = [0.5, 0.7, 0.6, 0.9]
-    mean, half, n = report.interval(values)
+    mean, half, n, low, high = report.interval(values)
     s = float(np.std(values, ddof=1))  # sample std, n - 1 in the denominator
     assert (mean, n) == (pytest.approx(0.675), 4) and half == pytest.approx(3.18245 * s / 2, rel=1e-5)
-    assert report.interval([0.3]) == (0.3, None, 1)  # one seed: no interval
+    assert (low, high) == (0.5, 0.9)
+    assert report.interval([0.9, 1.0, 1.0]).bounds(0.0, 1.0)[1] == 1.0  # clipped to the range
+    assert report.interval(values).bounds(0.0, 1.0) == (pytest.approx(0.675 - half), pytest.approx(0.675 + half))
+    assert report.interval([0.3]) == (0.3, None, 1, 0.3, 0.3)  # one seed: no interval
     assert report.interval([]) is None
     assert report.interval([0.2, 0.2])[1] == 0.0
 
@@ -59,11 +62,12 @@ def test_unfitted_runs_are_left_out_and_counted():
     cell = report.summarize(rows)["parity"]["rope"][32]
     assert cell["accuracy"][:3:2] == (pytest.approx(0.7), 2) and cell["unfitted"] == 1
     everything = report.summarize(rows, include_unfitted=True)["parity"]["rope"][32]
-    assert everything["accuracy"][::2] == (pytest.approx(0.5), 3) and everything["unfitted"] == 1
+    assert everything["accuracy"][:3:2] == (pytest.approx(0.5), 3) and everything["unfitted"] == 1
     md = report.table_markdown(rows)
     half = T975[1] * float(np.std([0.6, 0.8], ddof=1)) / math.sqrt(2)
-    assert f"| rope | 0.995 ± {T975[1] * float(np.std([1.0, 0.99], ddof=1)) / math.sqrt(2):.3f} (EM 0.50) [1 unfitted]" in md
-    assert f"| 0.700 ± {half:.3f} (EM 0.50) [1 unfitted] |" in md
+    top = 0.995 - T975[1] * float(np.std([1.0, 0.99], ddof=1)) / math.sqrt(2)
+    assert f"| rope | 0.995 [{top:.3f}, 1.000] {{0.99-1.00}} (EM 0.50) [1 unfitted]" in md  # clipped at 1
+    assert f"| 0.700 [{max(0.7 - half, 0):.3f}, {min(0.7 + half, 1):.3f}] {{0.60-0.80}} (EM 0.50) [1 unfitted] |" in md
     assert "left out of the cell" in md and "included in the cell" in report.table_markdown(rows, include_unfitted=True)
     # a cell whose every run did not fit; fixed-budget runs (fitted None) have no marks
     assert "| rope | not fitted (1) | not fitted (1) | not fitted (1) |" in report.table_markdown(rows[6:])
@@ -91,9 +95,9 @@ def test_aggregate_is_the_mean_over_ood_lengths_then_seeds():
     assert set(agg) == {"parity", "reverse_string", "copy"}  # text's measure is perplexity
     parity = agg["parity"]["rope"]
     # seed scores: mean of the lengths 32 and 64 (> 16): 0.5, 0.5; the unfitted seed is left out
-    assert parity["stat"] == (pytest.approx(0.5), 0.0, 2) and parity["unfitted"] == 1
-    assert report.aggregate(rows, include_unfitted=True)["parity"]["rope"]["stat"][::2] == (pytest.approx(1.1 / 3), 3)
-    assert agg["parity"]["alibi"]["stat"] == (pytest.approx(0.8), None, 1)
+    assert parity["stat"][:3] == (pytest.approx(0.5), 0.0, 2) and parity["unfitted"] == 1
+    assert report.aggregate(rows, include_unfitted=True)["parity"]["rope"]["stat"][:3:2] == (pytest.approx(1.1 / 3), 3)
+    assert agg["parity"]["alibi"]["stat"][:3] == (pytest.approx(0.8), None, 1)
     scores = [0.4, 0.2]
     assert agg["reverse_string"]["rope"]["stat"][0] == pytest.approx(0.3)
     assert agg["reverse_string"]["rope"]["stat"][1] == pytest.approx(T975[1] * np.std(scores, ddof=1) / math.sqrt(2))
@@ -102,8 +106,8 @@ def test_aggregate_is_the_mean_over_ood_lengths_then_seeds():
     lines = md.splitlines()
     header = lines.index("| level | task | alibi | rope |")
     assert lines[header + 2:header + 6] == [  # grouped by level: R, DCF, then none
-        "| R | parity | 0.800 | 0.500 ± 0.000 [1 unfitted] |",
-        f"| DCF | reverse_string |  | 0.300 ± {T975[1] * np.std(scores, ddof=1) / math.sqrt(2):.3f} |",
+        "| R | parity | 0.800 | 0.500 [0.500, 0.500] {0.50-0.50} [1 unfitted] |",
+        "| DCF | reverse_string |  | 0.300 [0.000, 1.000] {0.20-0.40} |",  # 0.3 -+ 1.271: clipped
         "|  | copy | 0.200 [1/2 lengths] |  |",
         "| | **mean over tasks** | 0.500 [2/3 tasks] | 0.400 [2/3 tasks] |",
     ]
@@ -164,8 +168,13 @@ def test_task_suite_grids_expand_and_validate():
     spec = importlib.util.spec_from_file_location("cfg_compare", os.path.join(root, "configs", "compare.py"))
     configs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(configs)
-    leveled = {n for n in tasks.TASKS if tasks.spec(n)["level"] and tasks.spec(n)["task"] == n}
-    assert set(configs.chomsky_tasks()) == leveled and len(leveled) >= 15
+    # Delétang et al. 2023, Table 2: the 15 tasks (parity_check is posenc's parity)
+    deletang = {"even_pairs", "modular_arithmetic", "parity", "cycle_navigation", "stack_manipulation",
+                "reverse_string", "modular_arithmetic_brackets", "solve_equation", "duplicate_string",
+                "missing_duplicate_string", "odds_first", "binary_addition", "binary_multiplication",
+                "compute_sqrt", "bucket_sort"}
+    assert set(configs.chomsky_tasks()) == deletang and tasks.make("parity_check").name == "parity_check"
+    assert {tasks.spec(n)["level"] for n in ("reverse", "sort")} == {"DCF", "CS"}  # levelled, not in the suite
     grids = {}
     for arg in ("chomsky", "chomsky_quick", "suite", "suite_quick"):
         c = configs.get_config(arg)
@@ -180,7 +189,7 @@ def test_task_suite_grids_expand_and_validate():
             assert r.config.train.fit_accuracy == (0.95 if arg.endswith("quick") else 0.99)
             assert max(r.config.eval.lengths) <= r.config.model.position.randomized_max_position or not \
                 r.config.model.position.randomized
-    assert {t for t, _ in grids["chomsky"]} == leveled
+    assert {t for t, _ in grids["chomsky"]} == deletang
     # problem sizes: trained up to 40, evaluated at 40, 80, 160, 320 and 500 (Ruoss et al. 2023)
     for (name, _), r in grids["chomsky"].items():
         assert r.task.max_size(r.config.task.train_length) == 40

@@ -94,13 +94,14 @@ def test_table_mean_and_interval_over_seeds():
             row(seed=0, eval_length=32, accuracy=0.2), row(seed=1, eval_length=32, accuracy=0.4),
             row(position="learned", eval_length=32, accuracy=None, loss=None, exact_match=None)]
     s = report.summarize(rows)["copy"]
-    mean, half, n = s["rope"][16]["accuracy"]
+    mean, half, n = s["rope"][16]["accuracy"][:3]
     # two seeds: t_{0.975, 1} = 12.706, sample std 0.1414, half-width 12.706 * 0.1414 / sqrt(2) = 1.2706
     assert (n, mean) == (2, pytest.approx(0.9)) and half == pytest.approx(12.7062047 * 0.1, rel=1e-6)
     assert s["learned"][32]["accuracy"] is None
     md = report.table_markdown(rows)
-    assert "| encoding | 16* | 32 |" in md and "95% t-interval over 2 seed(s)" in md
-    assert "| rope | 0.900 ± 1.271 (EM 0.50) | 0.300 ± 1.271 (EM 0.50) |" in md
+    assert "| encoding | 16* | 32 |" in md and "95% t-interval over seeds" in md and "2 seed(s)" in md
+    # the intervals 0.9 -+ 1.271 and 0.3 -+ 1.271, clipped to [0, 1]; the seeds' min-max beside
+    assert "| rope | 0.900 [0.000, 1.000] {0.80-1.00} (EM 0.50) | 0.300 [0.000, 1.000] {0.20-0.40} (EM 0.50) |" in md
     assert "| learned |  | n/a |" in md
     label = report.table_markdown([row(randomized=True, eval_variant="pi4")])
     assert "| rope+randomized@pi4 |" in label
@@ -116,8 +117,9 @@ def test_text_table_has_both_measures_and_plots_are_written(tmp_path):
     md = report.table_markdown(rows)
     assert "## text" in md and "over the last L = 64 tokens of each window" in md
     half = 12.7062047 * float(np.std([0.0, 0.1], ddof=1)) / np.sqrt(2)
-    assert f"| rope | {2.05:.3f} ± {half:.3f} (ppl 7.39) | {3.05:.3f} ± {half:.3f} (ppl 20.09) |" in md
-    assert f"| rope | 1.550 ± {half:.3f} (ppl 4.50) | 1.550 ± {half:.3f} (ppl 4.50) |" in md
+    cell = lambda m: f"{m:.3f} [{max(m - half, 0):.3f}, {m + half:.3f}] {{{m - 0.05:.2f}-{m + 0.05:.2f}}}"  # noqa: E731
+    assert f"| rope | {cell(2.05)} (ppl 7.39) | {cell(3.05)} (ppl 20.09) |" in md
+    assert f"| rope | {cell(1.55)} (ppl 4.50) | {cell(1.55)} (ppl 4.50) |" in md
     paths = compare_plots.write_plots(rows + [row()], str(tmp_path))
     names = sorted(os.path.basename(p) for p in paths)
     assert names == ["copy_accuracy.png", "copy_exact_match.png", "copy_loss.png", "text_log_perplexity.png"]

@@ -221,3 +221,23 @@ def test_zero_shot_evaluation_variants():
     c.eval.variants = overrides.fields({"lr": {"train.learning_rate": 1.0}})
     with pytest.raises(setup.ConfigError, match="changes model.\\* fields"):
         setup.resolve(c)
+
+
+def test_independent_weight_decay_does_not_scale_with_the_peak_learning_rate():
+    import jax.numpy as jnp
+    import ml_collections
+
+    from posenc.training import optim
+
+    def decayed(lr, mode):
+        train = ml_collections.ConfigDict(dict(steps=10, warmup_steps=0, learning_rate=lr, min_lr_ratio=1.0,
+                                               weight_decay=1e-2, weight_decay_mode=mode, clip_norm=0.0,
+                                               b1=0.9, b2=0.98, eps=1e-9))
+        tx = optim.make_optimizer(train)
+        params = {"w": jnp.ones((2, 2))}
+        updates, _ = tx.update({"w": jnp.zeros((2, 2))}, tx.init(params), params)  # zero gradient: decay only
+        return float(-updates["w"][0, 0])
+
+    # coupled (AdamW): lr * wd per step; independent: wd * lr_t / lr = wd at a constant schedule
+    assert decayed(1e-3, "coupled") == pytest.approx(1e-5) and decayed(1e-1, "coupled") == pytest.approx(1e-3)
+    assert decayed(1e-3, "independent") == pytest.approx(1e-2) == decayed(1e-1, "independent")

@@ -145,8 +145,6 @@ def summarize_sweeps(rows: list[dict], *, include_unfitted: bool = False, only_u
 
 
 # ---------------------------------------------------------------------- tables
-def _number(stat, digits: int = 3) -> str:
-    return tables.number(stat, digits)
 
 
 def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
@@ -154,7 +152,7 @@ def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
     if main is None:
         failed = ["diverged"] * bool(diverged) + [f"not fitted ({unfitted})"] * bool(unfitted)
         return " / ".join(failed) if failed else "n/a"
-    text = _number(main)
+    text = tables.number(main, metric=metric)
     if extra is not None and stats.get(extra[0]) is not None:
         text += f" ({extra[1]} {stats[extra[0]][0]:.{extra[2]}f})"
     if diverged:
@@ -166,8 +164,8 @@ def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
 
 def _caption(metric: str, seeds: int, train_lengths, *, fitting: bool, include_unfitted: bool,
              extra: str = "") -> str:
-    text = (f"{metric}: mean ± 95% t-interval over {seeds} seed(s) (half-width t_0.975,n-1 s / sqrt(n); "
-            f"one seed: no interval){extra}; "
+    text = (f"{metric}: {tables.INTERVAL_NOTE}; {seeds} seed(s) (t-interval: mean -+ t_0.975,n-1 s / sqrt(n))"
+            f"{extra}; "
             f"* = training length {', '.join(map(str, sorted(train_lengths)))}")
     if fitting:
         text += ("; [k unfitted]: k runs stopped before reaching train.fit_accuracy, "
@@ -284,7 +282,7 @@ def _aggregate_cell(cell: dict | None) -> str:
     if cell is None:
         return ""
     stat, notes = cell["stat"], []
-    text = "n/a" if stat is None else _number(stat)
+    text = "n/a" if stat is None else tables.number(stat, metric="accuracy")
     if stat is None and cell["diverged"]:
         text = "diverged"
     elif stat is None and cell["unfitted"]:
@@ -307,8 +305,7 @@ def aggregate_markdown(rows: list[dict], *, include_unfitted: bool = False) -> s
     fitting = any(r.get("fitted") is not None for r in rows)
     lines = ["## Aggregate: accuracy over the out-of-distribution lengths", "",
              "Per task x encoding: each run's token accuracy averaged over the evaluation lengths longer than "
-             "its training length, then the mean over seeds ± half-width of the 95% t-interval over seeds "
-             "(Student t, n - 1 degrees of freedom; one seed: no interval); [k/m lengths]: only k of the m "
+             f"its training length, then over seeds: {tables.INTERVAL_NOTE}; [k/m lengths]: only k of the m "
              "longer lengths have a value (n/a ones are skipped)"
              + ("; [k unfitted]: k runs did not reach train.fit_accuracy, "
                 + ("included" if include_unfitted else "left out") if fitting else "") + ".", "",

@@ -13,20 +13,23 @@ training length of the token accuracy (``text``: of the log-perplexity over
 all tokens, lower is better), and the same at the training length. Runs
 that did not fit (``fitted`` False) are left out and counted, as in
 table.md; runs that diverged count as diverged. Cells are the mean and the
-95% t-interval over seeds (:func:`posenc.training.report.interval`).
+95% t-interval over seeds (:func:`posenc.experiments.stats.interval`); a claim that one
+variant beats another is made only when the interval of their per-seed
+differences (:func:`posenc.experiments.stats.paired`) excludes zero.
 With ``--include_unfitted`` (``include_unfitted=True``; ``experiments.compare
 --include_unfitted`` passes it on) the unfitted runs are scored too and the
 cells say ``[k unfitted, included]``.
 
 * ``randomized`` (Ruoss et al. 2023): per task and encoding ``k``, the gain
-  = OOD accuracy of ``k_randomized`` minus that of ``k`` (seed means); per
-  encoding the mean gain over tasks with a 95% t-interval over tasks, and
+  = OOD accuracy of ``k_randomized`` minus that of ``k``, paired by seed (its
+  interval over seeds and a verdict: helps / hurts / unresolved); per
+  encoding the mean gain over tasks (the spread over tasks beside it), and
   the mean over every (task, encoding) pair: the paper's +12.0% figure.
   Writes ``findings.md`` and ``plots/findings_randomized.png``.
 * ``interaction``: per task, encoding variant (e.g. ``rope``,
   ``rope_qknorm``) x placement, the OOD score and the score at the training
-  length; per variant the best placement, marked clear when its interval
-  does not overlap the runner-up's; whether the best placement depends on
+  length; per variant the best placement, marked clear when the per-seed
+  differences from the runner-up exclude zero; whether the best placement depends on
   the encoding. Writes ``findings.md`` and
   ``plots/findings_interaction_<task>.png``.
 """
@@ -77,6 +80,7 @@ def _cells(scores, keys, include_unfitted: bool = False) -> dict:
     for key, g in groups.items():
         use = [s for s in g if (include_unfitted or s["fitted"] is not False) and not s["diverged"]]
         out[key] = dict(ood=stats.interval([s["ood"] for s in use if s["ood"] is not None]),
+                        by_seed={s["seed"]: s["ood"] for s in use if s["ood"] is not None},
                         ind=stats.interval([s["ind"] for s in use if s["ind"] is not None]),
                         runs=len(g), unfitted=sum(s["fitted"] is False for s in g),
                         diverged=sum(s["diverged"] for s in g), included=include_unfitted)
@@ -94,15 +98,19 @@ def _notes(cell) -> str:
 
 # -------------------------------------------------------------- randomized
 def randomized_gain(rows, include_unfitted: bool = False) -> dict:
-    """``{"tasks": {task: {kind: gain}}, "per_encoding": {kind: (mean, half, n)}, "overall": ...}``.
+    """Per task and encoding ``k``: the gain of ``k_randomized`` over ``k``, paired by seed.
 
-    Pairs the variants ``k`` and ``k_randomized`` of each task; a pair
-    without a score on both sides (nothing fitted) is listed in ``missing``.
+    ``{"tasks": {task: {kind: mean gain}}, "paired": {task: {kind: interval of the per-seed
+    gains}}, "verdicts": {task: {kind: "helps" | "hurts" | "unresolved"}}, "per_encoding":
+    {kind: interval over tasks of the mean gains}, "overall": ..., "missing": [...]}``. A
+    verdict needs the paired interval over seeds (seed s of ``k_randomized`` minus seed s of
+    ``k``) to exclude zero; the spread over tasks is not a seed interval. A pair without a
+    score on both sides (nothing fitted) is listed in ``missing``.
     """
     cells = _cells(run_scores(rows), ("task", "variant"), include_unfitted)
     tasks = sorted({t for t, _ in cells})
     kinds = sorted({v[: -len("_randomized")] for _, v in cells if v.endswith("_randomized")})
-    gains, missing = {}, []
+    gains, paired, verdicts, missing = {}, {}, {}, []
     for task in tasks:
         for k in kinds:
             plain, rand = cells.get((task, k)), cells.get((task, f"{k}_randomized"))
@@ -112,18 +120,31 @@ def randomized_gain(rows, include_unfitted: bool = False) -> dict:
                 missing.append((task, k))
                 continue
             gains.setdefault(task, {})[k] = rand["ood"][0] - plain["ood"][0]
+            diff = stats.paired(rand["by_seed"], plain["by_seed"])
+            paired.setdefault(task, {})[k] = diff
+            verdicts.setdefault(task, {})[k] = gain_verdict(diff)
     per = {k: stats.interval([g[k] for g in gains.values() if k in g]) for k in kinds}
     overall = stats.interval([v for g in gains.values() for v in g.values()])
-    return {"tasks": gains, "per_encoding": per, "overall": overall, "missing": missing, "cells": cells}
+    return {"tasks": gains, "paired": paired, "verdicts": verdicts, "per_encoding": per, "overall": overall,
+            "missing": missing, "cells": cells}
+
+
+def gain_verdict(diff) -> str:
+    """"helps" / "hurts" when a paired interval excludes zero above / below it, else "unresolved"."""
+    if not stats.excludes_zero(diff):
+        return "unresolved"
+    return "helps" if diff.mean > 0 else "hurts"
 
 
 def randomized_markdown(rows, include_unfitted: bool = False) -> str:
     res = randomized_gain(rows, include_unfitted)
     kinds = sorted(res["per_encoding"])
     lines = ["## Randomized positions: gain in accuracy beyond the training length", "",
-             "Gain = mean OOD accuracy (over seeds; each run's accuracy averaged over the lengths beyond "
-             "training) with `model.position.randomized` minus without. Per encoding: mean over tasks "
-             "± 95% t-interval over tasks. Ruoss et al. 2023 report +12.0% on average. "
+             "Gain = OOD accuracy (each run's accuracy averaged over the lengths beyond training) with "
+             "`model.position.randomized` minus without, paired by seed: in brackets the 95% t-interval of "
+             "the per-seed gains and the verdict (helps / hurts only when that interval excludes zero). "
+             "Per encoding: the mean of the tasks' mean gains, with the spread over tasks (a t-interval "
+             "over tasks, not over seeds). Ruoss et al. 2023 report +12.0% on average. "
              + ("Every run is scored, fitted or not (--include_unfitted)." if include_unfitted
                 else "Only runs that fitted the training length are scored."), "",
              "| task | " + " | ".join(f"{k}: plain → randomized (gain)" for k in kinds) + " |",
@@ -136,8 +157,11 @@ def randomized_markdown(rows, include_unfitted: bool = False) -> str:
                 cells.append("")
                 continue
             gain = res["tasks"].get(task, {}).get(k)
+            diff = res["paired"].get(task, {}).get(k)
+            pair = "" if diff is None or diff.half is None else (
+                f" [{diff.mean - diff.half:+.3f}, {diff.mean + diff.half:+.3f}] {res['verdicts'][task][k]}")
             cells.append(f"{_fmt(plain['ood'], 2)}{_notes(plain)} → {_fmt(rand['ood'], 2)}{_notes(rand)}"
-                         + ("" if gain is None else f" (**{gain:+.3f}**)"))
+                         + ("" if gain is None else f" (**{gain:+.3f}**{pair})"))
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     lines.append("| **mean gain over tasks** | " + " | ".join(
         f"{_fmt(res['per_encoding'][k])} ({res['per_encoding'][k][2] if res['per_encoding'][k] else 0} tasks)"
@@ -158,7 +182,7 @@ def plot_randomized(rows, path: str, include_unfitted: bool = False) -> str | No
     plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(kinds), 4.0))
     for i, k in enumerate(kinds):
-        mean, half, _ = res["per_encoding"][k]
+        mean, half = res["per_encoding"][k][:2]
         ax.bar(i, mean, yerr=0 if half is None else half, capsize=4, color=f"C{i}", alpha=0.7)
         per_task = [g[k] for g in res["tasks"].values() if k in g]
         ax.scatter([i] * len(per_task), per_task, color="black", s=10, zorder=3)
@@ -189,11 +213,11 @@ def best_placements(rows, include_unfitted: bool = False) -> dict:
             ranked = sorted(((c["ood"], p) for p, c in v["cells"].items() if c["ood"] is not None),
                             key=lambda sp: sp[0][0], reverse=higher)
             v["best"] = ranked[0][1] if ranked else None
-            clear = False
-            if len(ranked) >= 2 and ranked[0][0][1] is not None and ranked[1][0][1] is not None:
-                (m0, h0, _), (m1, h1, _) = ranked[0][0], ranked[1][0]
-                clear = abs(m0 - m1) > h0 + h1
-            v["clear"] = clear
+            v["runner_up"] = ranked[1][1] if len(ranked) >= 2 else None
+            # clear: the per-seed differences best - runner-up (seed by seed) exclude zero
+            v["paired"] = None if v["runner_up"] is None else stats.paired(
+                v["cells"][v["best"]]["by_seed"], v["cells"][v["runner_up"]]["by_seed"])
+            v["clear"] = stats.excludes_zero(v["paired"])
     return out
 
 
@@ -206,9 +230,10 @@ def interaction_markdown(rows, include_unfitted: bool = False) -> str:
         variants = res[task]
         placements = sorted({p for v in variants.values() for p in v["cells"]})
         lines += [f"### {task}", "",
-                  f"OOD {what}, averaged over the lengths beyond training, mean ± 95% t-interval over "
-                  "seeds; in brackets the same at the training length. Best placement per row in bold; "
-                  "*clear*: its interval does not overlap the runner-up's.", "",
+                  f"OOD {what}, averaged over the lengths beyond training: {tables.INTERVAL_NOTE}; in "
+                  "brackets the mean at the training length. Best placement per row in bold; *clear*: the "
+                  "per-seed differences from the runner-up (paired by seed) have a 95% t-interval that "
+                  "excludes zero.", "",
                   "| encoding | " + " | ".join(placements) + " | best |", "|" + "---|" * (len(placements) + 2)]
         for name in sorted(variants):
             v = variants[name]
@@ -218,21 +243,26 @@ def interaction_markdown(rows, include_unfitted: bool = False) -> str:
                 if c is None:
                     cells.append("")
                     continue
-                text = f"{_fmt(c['ood'])} ({_fmt(c['ind'], 2)}){_notes(c)}"
+                text = f"{_fmt(c['ood'])} ({tables.number(c['ind'], 2, spread=False)}){_notes(c)}"
                 cells.append(f"**{text}**" if p == v["best"] else text)
-            best = "n/a" if v["best"] is None else v["best"] + (" (clear)" if v["clear"] else " (overlapping)")
+            d = v["paired"]
+            vs = "" if d is None or d.half is None else (
+                f" vs {v['runner_up']}: {d.mean:+.3f} [{d.mean - d.half:+.3f}, {d.mean + d.half:+.3f}]")
+            best = "n/a" if v["best"] is None else v["best"] + (" (clear" if v["clear"] else " (unresolved") + vs + ")"
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {best} |")
         bests = {v["best"] for v in variants.values() if v["best"]}
         clear = {n: v["best"] for n, v in variants.items() if v["clear"]}
         if len(bests) <= 1:
             verdict = f"the same best placement ({', '.join(bests) or 'none'}) for every encoding"
         elif len(set(clear.values())) > 1:
-            verdict = ("the best placement depends on the encoding, with non-overlapping intervals: "
+            verdict = ("the best placement depends on the encoding, each clear of its runner-up by a paired "
+                       "seed interval: "
                        + ", ".join(f"{n}: {p}" for n, p in sorted(clear.items())))
         else:
             verdict = ("the best placement differs between encodings ("
                        + ", ".join(f"{n}: {v['best']}" for n, v in sorted(variants.items()) if v["best"])
-                       + "), but the intervals overlap: not resolved at this number of seeds")
+                       + "), but not every best is clear of its runner-up by a paired seed interval: not "
+                       "resolved at this number of seeds")
         lines += ["", f"On {task}: {verdict}.", ""]
     return "\n".join(lines)
 
@@ -253,7 +283,8 @@ def plot_interaction(rows, directory: str, include_unfitted: bool = False) -> li
                 c = variants[n]["cells"].get(p)
                 if c is not None and c["ood"] is not None:
                     values[i, j] = c["ood"][0]
-                    texts[i, j] = _fmt(c["ood"], 2).replace(" ± ", "\n±") + ("*" if p == variants[n]["best"] else "")
+                    texts[i, j] = (tables.number(c["ood"], 2, spread=False).replace(" [", "\n[")
+                                   + ("*" if p == variants[n]["best"] else ""))
                 elif c is not None:
                     texts[i, j] = "diverged" if c["diverged"] else "not fitted" if c["unfitted"] else "n/a"
         fig, ax = plt.subplots(figsize=(2.5 + 1.25 * len(placements), 1.4 + 0.62 * len(names)))

@@ -10,8 +10,24 @@ paired statement: the per-seed differences X_s - Y_s and their interval
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
+
+
+class Interval(NamedTuple):
+    """The mean of ``n`` seeds, the half-width of its 95% t-interval (None for one seed), their min and max."""
+
+    mean: float
+    half: float | None
+    n: int
+    low: float
+    high: float
+
+    def bounds(self, lo=None, hi=None) -> tuple[float, float]:
+        """The interval ``mean -+ half`` clipped to the metric's range ``[lo, hi]`` (None: unbounded)."""
+        a, b = (self.mean, self.mean) if self.half is None else (self.mean - self.half, self.mean + self.half)
+        return (a if lo is None else max(a, lo), b if hi is None else min(b, hi))
 
 
 def _t_two_sided(t: float, df: int) -> float:
@@ -44,24 +60,25 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def interval(values, *, confidence: float = 0.95):
-    """``(mean, half_width, n)`` of ``values``: the t-interval over seeds (half_width None for n = 1).
+def interval(values, *, confidence: float = 0.95) -> Interval | None:
+    """The t-interval over seeds of ``values`` (:class:`Interval`: mean, half-width, n, min, max).
 
-    None for no values.
+    The half-width is None for one value; None for no values.
     """
     values = [float(v) for v in values]
     n = len(values)
     if not n:
         return None
     mean = float(np.mean(values))
+    low, high = min(values), max(values)
     if n == 1:
-        return (mean, None, 1)
+        return Interval(mean, None, 1, low, high)
     s = float(np.std(values, ddof=1))
-    return (mean, t_quantile(0.5 + confidence / 2, n - 1) * s / math.sqrt(n), n)
+    return Interval(mean, t_quantile(0.5 + confidence / 2, n - 1) * s / math.sqrt(n), n, low, high)
 
 
-def paired(xs: dict, ys: dict, *, confidence: float = 0.95):
-    """``(mean, half_width, n)`` of ``xs[s] - ys[s]`` over the seeds ``s`` both have (None if none).
+def paired(xs: dict, ys: dict, *, confidence: float = 0.95) -> Interval | None:
+    """The interval of ``xs[s] - ys[s]`` over the seeds ``s`` both have (None if none).
 
     ``xs``, ``ys``: ``{seed: value}``; seeds missing on either side are left out.
     """
@@ -70,5 +87,5 @@ def paired(xs: dict, ys: dict, *, confidence: float = 0.95):
 
 
 def excludes_zero(stat) -> bool:
-    """Whether an interval ``(mean, half_width, n)`` lies entirely on one side of zero."""
+    """Whether an interval lies entirely on one side of zero (one seed: never)."""
     return stat is not None and stat[1] is not None and abs(stat[0]) > stat[1]

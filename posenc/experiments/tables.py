@@ -12,12 +12,31 @@ import collections
 from posenc import files
 
 
-def number(stat, digits: int = 3) -> str:
-    """``mean ± half`` of an interval ``(mean, half_width, n)``; "n/a" for None."""
+# The range of each metric: intervals are clipped to it when printed.
+BOUNDS = {"accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "decoded_accuracy": (0.0, 1.0),
+          "decoded_exact_match": (0.0, 1.0), "loss": (0.0, None), "loss_last_L": (0.0, None),
+          "perplexity": (1.0, None), "perplexity_last_L": (1.0, None)}
+INTERVAL_NOTE = ("mean [95% t-interval over seeds, clipped to the metric's range] {min-max over seeds}; "
+                 "one seed: the value alone")
+
+
+def number(stat, digits: int = 3, *, metric: str | None = None, spread: bool = True) -> str:
+    """A cell: the mean, its 95% t-interval clipped to ``metric``'s range, the seeds' min-max.
+
+    ``0.569 [0.467, 0.671] {0.50-0.64}``; one seed: ``0.569``; None: "n/a".
+    ``spread=False`` leaves the min-max out.
+    """
     if stat is None:
         return "n/a"
-    mean, half, _ = stat
-    return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+    text = f"{stat.mean:.{digits}f}"
+    if stat.half is None:
+        return text
+    lo, hi = stat.bounds(*BOUNDS.get(metric, (None, None)))
+    text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    if spread:
+        d = max(digits - 1, 1)
+        text += f" {{{stat.low:.{d}f}-{stat.high:.{d}f}}}"
+    return text
 
 
 def order(rows, key) -> list:

@@ -277,7 +277,7 @@ class _Runner:
                 def loss(p, dx):
                     m = nnx.merge(g, p, rest)
                     x = m.embed_tokens(tokens)
-                    logits = m.forward_embeddings(x + dx.astype(x.dtype), positions)
+                    logits = m.forward_embeddings(x + dx.astype(x.dtype), positions, tokens=tokens)
                     return jnp.sum(logits * cot), logits
 
                 (value, logits), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(

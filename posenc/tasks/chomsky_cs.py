@@ -29,6 +29,7 @@ class DuplicateString(_Transduction):
     """
 
     names = ("duplicate_string",)
+    suite = "chomsky"
     description = "BOS bits SEP bits bits (the string twice)"
     source = _SOURCE.format("duplicate_string")
     level = "CS"
@@ -54,6 +55,7 @@ class OddsFirst(_Transduction):
     """
 
     names = ("odds_first",)
+    suite = "chomsky"
     description = "BOS x SEP x[1::2] x[0::2]"
     source = _SOURCE.format("odds_first")
     level = "CS"
@@ -76,6 +78,7 @@ class BucketSort(Sort):
     """
 
     names = ("bucket_sort",)
+    suite = "chomsky"
     description = "BOS x SEP sorted(x), alphabet of 5"
     source = _SOURCE.format("bucket_sort")
 
@@ -96,6 +99,7 @@ class MissingDuplicateString(Task):
     """
 
     names = ("missing_duplicate_string",)
+    suite = "chomsky"
     description = "BOS s s with one bit masked (# pad if n odd) SEP the masked bit"
     source = _SOURCE.format("missing_duplicate_string")
     level = "CS"
@@ -165,6 +169,7 @@ class BinaryAddition(_BinaryOperation):
     """
 
     names = ("binary_addition",)
+    suite = "chomsky"
     description = "BOS a + b SEP a+b EOS, little-endian binary"
     source = _SOURCE.format("binary_addition")
     symbols = ("0", "1", "+")
@@ -185,6 +190,7 @@ class BinaryMultiplication(_BinaryOperation):
     """
 
     names = ("binary_multiplication",)
+    suite = "chomsky"
     description = "BOS a * b SEP a*b EOS, little-endian binary"
     source = _SOURCE.format("binary_multiplication")
     symbols = ("0", "1", "*")
@@ -205,6 +211,7 @@ class ComputeSqrt(Task):
     """
 
     names = ("compute_sqrt",)
+    suite = "chomsky"
     description = "BOS x (n bits, big-endian) SEP floor(sqrt(x)) (ceil(n/2) bits)"
     source = _SOURCE.format("compute_sqrt")
     level = "CS"

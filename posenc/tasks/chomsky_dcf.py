@@ -33,6 +33,7 @@ class StackManipulation(Task):
     """
 
     names = ("stack_manipulation",)
+    suite = "chomsky"
     description = "BOS stack(bottom..top) actions SEP final stack(top..bottom) EOS"
     source = _SOURCE.format("stack_manipulation")
     level = "DCF"
@@ -76,6 +77,7 @@ class ReverseString(Reverse):
     """
 
     names = ("reverse_string",)
+    suite = "chomsky"
     description = "BOS bits SEP reversed bits"
     source = _SOURCE.format("reverse_string")
 
@@ -155,6 +157,7 @@ class ModularArithmeticBrackets(Task):
     """
 
     names = ("modular_arithmetic_brackets",)
+    suite = "chomsky"
     description = "BOS bracketed +,-,* expression of n characters SEP its value mod 5"
     source = _SOURCE.format("modular_arithmetic_brackets")
     level = "DCF"
@@ -194,6 +197,7 @@ class SolveEquation(Task):
     """
 
     names = ("solve_equation",)
+    suite = "chomsky"
     description = "BOS bracketed +,- equation in x of n characters SEP x mod 5"
     source = _SOURCE.format("solve_equation")
     level = "DCF"

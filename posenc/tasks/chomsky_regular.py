@@ -45,6 +45,7 @@ class EvenPairs(_Classify):
     """
 
     names = ("even_pairs",)
+    suite = "chomsky"
     description = "BOS bits SEP (number of 01 and 10 pairs) mod 2"
     source = _SOURCE.format("even_pairs")
     symbols = ("0", "1")
@@ -80,6 +81,7 @@ class ModularArithmetic(_Classify):
     """
 
     names = ("modular_arithmetic",)
+    suite = "chomsky"
     description = "BOS d op d ... op d SEP value mod 5 (+, -, * with precedence)"
     source = _SOURCE.format("modular_arithmetic")
 
@@ -133,6 +135,7 @@ class CycleNavigation(_Classify):
     """
 
     names = ("cycle_navigation",)
+    suite = "chomsky"
     description = "BOS moves in {-1, 0, +1} SEP final position on a 5-cycle"
     source = _SOURCE.format("cycle_navigation")
 

@@ -16,6 +16,10 @@ their defaults, so the registry, :data:`TASKS`, option validation and
 
         def __init__(self, *, alphabet: int = 2, seed: int = 0): ...
 
+``suite`` names the published suite a task belongs to (``"chomsky"``: the
+15 tasks of Delétang et al. 2023; Kazemnejad et al.'s reverse and sort have a
+hierarchy level but are not of it).
+
 Evaluation sweeps: ``eval_sweep = {"depth": (0.0, 0.5, 1.0)}`` names an
 option and the values evaluation should try; :meth:`Registered.sweep` makes
 the task at each value (``with_options``), so every point is an ordinary
@@ -40,6 +44,7 @@ class Registered:
     description: str = ""
     source: str = ""
     level: str | None = None
+    suite: str | None = None  # the task suite it belongs to ("chomsky": the 15 tasks of Deletang et al.)
     eval_sweep: dict = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -143,6 +148,7 @@ def spec(name: str) -> dict:
         "description": cls.description,
         "source": cls.source,
         "level": cls.level,
+        "suite": cls.suite,
         "options": dict(cls.option_defaults()),
         "eval_sweep": {k: list(v) for k, v in cls.eval_sweep.items()},
     }

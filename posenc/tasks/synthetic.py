@@ -164,6 +164,7 @@ class Parity(Task):
     """parity: ``BOS b_1..b_n SEP (sum b mod 2)`` (Delétang et al. 2023; a negative control)."""
 
     names = ("parity", "parity_check")
+    suite = "chomsky"
     description = "BOS bits SEP parity bit (negative control: does not extrapolate)"
     source = ("Delétang et al. 2023 parity check (google-deepmind/randomized_positional_encodings "
               "tasks/regular/parity_check.py)")

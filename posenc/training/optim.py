@@ -4,7 +4,8 @@ Loshchilov & Hutter 2019 (AdamW); the schedule is the usual GPT one:
 ``lr(t) = peak * t / warmup`` for ``t < warmup``, then
 ``end + (peak - end) * (1 + cos(pi * (t - warmup) / (steps - warmup))) / 2``.
 Weight decay applies to matrices only (``ndim >= 2``): gains, biases and
-scalar gates keep their scale.
+scalar gates keep their scale; ``train.weight_decay_mode`` says whether it
+scales with the peak learning rate (:func:`decay_rate`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,28 @@ def _decay_mask(params):
 
 
 FIELDS = ("steps", "warmup_steps", "learning_rate", "min_lr_ratio", "weight_decay",
-          "clip_norm", "b1", "b2", "eps")
+          "weight_decay_mode", "clip_norm", "b1", "b2", "eps")
+WEIGHT_DECAY_MODES = ("coupled", "independent")
+
+
+def decay_rate(train) -> float:
+    """The weight decay optax's adamw multiplies by the learning rate ``lr_t``.
+
+    ``coupled`` (optax / PyTorch AdamW): each step decays a matrix by ``lr_t * weight_decay``.
+    ``independent`` (Wortsman et al. 2023, 3.2.2): by ``weight_decay * lr_t / learning_rate``,
+    the schedule's factor alone, not the peak learning rate, so a grid over learning rates
+    keeps the same decay: adamw's ``weight_decay / learning_rate``.
+    """
+    wd = float(train["weight_decay"])
+    if train.get("weight_decay_mode", "coupled") == "independent":
+        return wd / float(train["learning_rate"])
+    return wd
 
 
 def settings_key(train) -> str:
     """Canonical JSON of the ``config.train`` fields the optimizer depends on."""
-    return json.dumps({f: train[f] for f in FIELDS}, sort_keys=True)
+    return json.dumps({f: train.get(f, "coupled") if f == "weight_decay_mode" else train[f] for f in FIELDS},
+                      sort_keys=True)
 
 
 @functools.lru_cache(maxsize=64)
@@ -60,7 +77,7 @@ def _make(key: str) -> optax.GradientTransformation:
             b1=float(train["b1"]),
             b2=float(train["b2"]),
             eps=float(train["eps"]),
-            weight_decay=float(train["weight_decay"]),
+            weight_decay=decay_rate(train),
             mask=_decay_mask,
         )
     )

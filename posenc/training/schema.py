@@ -75,6 +75,9 @@ class Train(Section):
     warmup_steps = Field(200, o.nonnegative_int, "linear warmup steps, then cosine decay")
     min_lr_ratio = Field(0.1, _unit, "cosine decays to learning_rate * min_lr_ratio")
     weight_decay = Field(0.1, o.nonnegative, "AdamW weight decay, on matrices only")
+    weight_decay_mode = Field("coupled", o.one_of("coupled", "independent"),
+                              "coupled: decay lr_t * weight_decay per step (AdamW); independent: "
+                              "weight_decay * lr_t / learning_rate (Wortsman et al. 2023)")
     clip_norm = Field(1.0, o.nonnegative, "global-norm clipping (0 = off)")
     b1 = Field(0.9, _beta, "Adam beta1")
     b2 = Field(0.98, _beta, "Adam beta2")
