@@ -87,6 +87,7 @@ class Addition(Task):
     """addition: ``BOS a + b = c EOS`` in one of :data:`FORMATS` (module docstring)."""
 
     names = ("addition",)
+    eval_sizes = "bin"
     description = "BOS a + b = c EOS, operands of up to n digits; most significant digit first by default"
     source = _SOURCE
     split_aware = True

@@ -16,11 +16,14 @@ exactly where ``targets[:, t]`` is an answer token. The last token of an
 example is only ever a target, so an example fits when
 ``seq_len(n) <= length + 1``.
 
-Sizes: at training (``split="train"``) each example draws ``n`` uniformly
-from ``[min_size, max_size(length)]`` (``min_size`` defaults to the task's
-``smallest`` size); at evaluation (``split="eval"``) every example has
-``n = max_size(length)``, so evaluating at 4x the training length tests
-problems at least 4x larger (Delétang et al. 2023; Ruoss et al. 2023).
+Sizes: each example draws ``n`` uniformly from ``[min_size, max_size(length)]``;
+``min_size`` defaults to the task's ``smallest`` size at training
+(``split="train"``) and to ``max_size(length)`` at evaluation
+(``split="eval"``: every example at exactly the largest size that fits, as
+DeepMind's per-length evaluation, Delétang et al. 2023). Evaluation in size
+bins (Kazemnejad et al. 2023) passes the bin's smallest size as
+``min_size``; a task declares which of the two its paper uses
+(``eval_sizes``: "exact" or "bin"; :func:`eval_bins`).
 
 Coupled positions: a task with position coupling (Cho et al. 2024) also
 returns ``position_ids`` int32 [B, length], the position id of each input
@@ -82,6 +85,7 @@ class Task(Registered):
     """
 
     symbols: tuple[str, ...] = ()
+    eval_sizes: str = "exact"  # "exact" | "bin": how its paper samples evaluation sizes (eval_bins)
     per_size: int = 1
     overhead: int = 0
     smallest: int = 1
@@ -166,14 +170,14 @@ class Task(Registered):
         batch_size = check_int("batch_size", batch_size, minimum=1)
         max_n = self.max_size(length)
         check_split(split)
-        if min_size is None:
-            min_size = self.smallest
+        if min_size is None:  # training: every size; evaluation: exactly the largest that fits
+            min_size = max_n if split == "eval" else self.smallest
         if not checks.is_int(min_size) or not self.smallest <= min_size <= max_n:
             raise ValueError(
                 f"min_size {min_size!r} is outside [{self.smallest}, {max_n}] (sizes of task "
                 f"{self.name!r} at length {length})"
             )
-        lo = max_n if split == "eval" else int(min_size)
+        lo = int(min_size)
         if self.seed:
             # Different task seeds give different data from the same trainer key.
             key = jax.random.fold_in(key, self.seed)
@@ -231,6 +235,30 @@ class Task(Registered):
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
         return f"{type(self).__name__}({opts}{', ' if opts else ''}seed={self.seed})"
+
+
+EVAL_SIZES = ("exact", "bin")
+
+
+def eval_bins(task, lengths, *, mode: str = "default", train_length: int | None = None) -> dict:
+    """``{length: (smallest, largest) problem size}`` evaluated at each of ``lengths``.
+
+    ``exact``: every example at ``max_size(length)``. ``bin``: uniform over the sizes
+    above the previous length's largest (Kazemnejad et al. 2023's test bins); the
+    first bin, at the training length, is the training distribution (from the
+    task's smallest size). ``default``: the task's own ``eval_sizes``.
+    """
+    mode = task.eval_sizes if mode == "default" else checks.choice("eval.sizes", mode, (*EVAL_SIZES, "default"))
+    out, previous = {}, None
+    for n in sorted(int(x) for x in lengths):
+        hi = task.max_size(n)
+        if mode == "exact":
+            out[n] = (hi, hi)
+        else:
+            lo = task.smallest if previous is None else min(previous + 1, hi)
+            out[n] = (lo, hi)
+        previous = hi
+    return out
 
 
 # ------------------------------------------------------------ example helpers

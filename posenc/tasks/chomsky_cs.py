@@ -78,6 +78,7 @@ class BucketSort(Sort):
     """
 
     names = ("bucket_sort",)
+    eval_sizes = "exact"
     suite = "chomsky"
     description = "BOS x SEP sorted(x), alphabet of 5"
     source = _SOURCE.format("bucket_sort")

@@ -77,6 +77,7 @@ class ReverseString(Reverse):
     """
 
     names = ("reverse_string",)
+    eval_sizes = "exact"
     suite = "chomsky"
     description = "BOS bits SEP reversed bits"
     source = _SOURCE.format("reverse_string")

@@ -40,6 +40,7 @@ class Polynomial(Task):
     """
 
     names = ("polynomial",)
+    eval_sizes = "bin"
     description = "BOS x = v : c1 x d1 + ... + cn x dn SEP value mod 10"
     source = _SOURCE.format("make_poly_dataset.py")
     symbols = _NUMBERS + ("x", "=", ":", "+")
@@ -78,6 +79,7 @@ class Summation(Task):
     """
 
     names = ("summation",)
+    eval_sizes = "bin"
     description = "BOS v1 .. vn (digits 1-9) SEP sum mod 10"
     source = _SOURCE.format("make_sum_dataset.py")
     symbols = tuple("0123456789")
@@ -114,6 +116,7 @@ class Lego(Task):
     """
 
     names = ("lego",)
+    eval_sizes = "bin"
     description = "BOS x0 = +-1 , x1 = +- x0 , ... ? xq SEP sign of xq"
     source = _SOURCE.format("make_lego_dataset.py")
     smallest = 2
@@ -169,6 +172,7 @@ class Count(Task):
     """
 
     names = ("count",)
+    eval_sizes = "bin"
     description = "BOS n tokens SEP n mod 10"
     source = _SOURCE.format("make_count_dataset.py")
     symbols = tuple("abcdefghijklmnopqrstuvwxyz") + tuple("0123456789")

@@ -149,6 +149,7 @@ def spec(name: str) -> dict:
         "source": cls.source,
         "level": cls.level,
         "suite": cls.suite,
+        "eval_sizes": getattr(cls, "eval_sizes", None),
         "options": dict(cls.option_defaults()),
         "eval_sweep": {k: list(v) for k, v in cls.eval_sweep.items()},
     }

@@ -118,6 +118,7 @@ class Copy(_Coupled):
     """copy: ``BOS x SEP x`` (Kazemnejad et al. 2023; Delétang et al.'s ``duplicate_string`` writes x twice)."""
 
     names = ("copy",)
+    eval_sizes = "bin"
     description = "BOS x SEP x: copy a string of `alphabet` symbols"
     source = "Kazemnejad et al. 2023 (McGill-NLP/length-generalization, make_copy_dataset.py)"
 
@@ -133,6 +134,7 @@ class Reverse(_Coupled):
     """reverse: ``BOS x SEP reversed(x)`` (Delétang et al. 2023; Kazemnejad et al. 2023)."""
 
     names = ("reverse",)
+    eval_sizes = "bin"
     description = "BOS x SEP reversed(x)"
     source = "Kazemnejad et al. 2023 (McGill-NLP/length-generalization, make_reverse_dataset.py)"
     level = "DCF"
@@ -150,6 +152,7 @@ class Sort(_Transduction):
     """sort: ``BOS x SEP sorted(x)`` (Delétang et al. 2023; Ruoss et al. 2023)."""
 
     names = ("sort",)
+    eval_sizes = "bin"
     description = "BOS x SEP sorted(x)"
     source = "Kazemnejad et al. 2023 (make_sort_dataset.py); Delétang et al. 2023 bucket sort"
     level = "CS"
