@@ -4,6 +4,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from helpers import ROOT, study_command
@@ -164,3 +165,18 @@ def test_no_import_cycles_and_no_import_upwards():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+def test_importing_the_library_starts_no_jax_backend():
+    # Module constants must be NumPy: a backend started at import makes the process multi-threaded,
+    # and a fork afterwards (a fork server, multiprocessing) can deadlock.
+    code = ("import importlib, pkgutil, sys; sys.path.insert(0, '.'); import posenc\n"
+            "from jax._src import xla_bridge as xb\n"
+            "for m in pkgutil.walk_packages(posenc.__path__, 'posenc.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "import configs.compare, configs.extend, configs.stability\n"
+            "print(sorted(xb._backends))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -142,8 +142,9 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, str(base / "zygote.py"), ROOT, str(base / "jax_cache")],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
-        self.watchdog = threading.Timer(600, self.proc.kill)  # never hang the suite
+            env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"), start_new_session=True)
+        # never hang the suite: the server and every child it forked (they share its stdout)
+        self.watchdog = threading.Timer(600, lambda: os.killpg(self.proc.pid, signal.SIGKILL))
         self.watchdog.start()
         assert self.proc.stdout.readline().strip() == "ready"
 

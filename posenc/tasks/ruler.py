@@ -218,8 +218,10 @@ class Niah(Task):
             number = None if kind == "words" else 10**6 + d["value_number"]
         if kind == "numbers":
             return jax.vmap(lambda v: digits(v, width))(number)
-        return jax.vmap(lambda a, b: join_row([(_ADJ[a], _ADJ_LEN[a]), (jnp.array([ord("-")]), 1),
-                                                (_NOUN[b], _NOUN_LEN[b])], width))(adj, noun)
+        return jax.vmap(lambda a, b: join_row([(jnp.asarray(_ADJ)[a], jnp.asarray(_ADJ_LEN)[a]),
+                                                          (jnp.array([ord("-")]), 1),
+                                                          (jnp.asarray(_NOUN)[b], jnp.asarray(_NOUN_LEN)[b])],
+                                                         width))(adj, noun)
 
     # -------------------------------------------------------------- example
     def _example(self, draws, n, max_n, width):

@@ -216,7 +216,7 @@ class CommonWords(_Bytes):
         mark = out.mark()
         src = jnp.stack([number_base + num_w * e, jnp.full(total_max, dot), word_base + _WORD_W * listed,
                          jnp.full(total_max, space)], axis=1)
-        lengths = jnp.stack([number_len, jnp.full(total_max, 2), _WORD_LEN[listed],
+        lengths = jnp.stack([number_len, jnp.full(total_max, 2), jnp.asarray(_WORD_LEN)[listed],
                              jnp.ones(total_max, jnp.int32)], axis=1)
         out.put(src, jnp.where(live[:, None], lengths, 0))
         out.drop_last(mark)
@@ -227,7 +227,7 @@ class CommonWords(_Bytes):
         seps = np.array([1] * (common - 1) + [0])
         answer_src = jnp.stack([number_base + num_w * jnp.arange(common), jnp.full(common, dot),
                                 word_base + _WORD_W * ranked, jnp.full(common, space)], axis=1)
-        answer_len = jnp.stack([number_len[:common], jnp.full(common, 2), _WORD_LEN[ranked],
+        answer_len = jnp.stack([number_len[:common], jnp.full(common, 2), jnp.asarray(_WORD_LEN)[ranked],
                                 jnp.asarray(seps)], axis=1)
         out.put(answer_src, answer_len, answer=True)
         return out.build(width)

@@ -57,13 +57,16 @@ def ascii_ids(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("ascii"), np.uint8).astype(np.int32)
 
 
-def word_table(words) -> tuple[jax.Array, jax.Array, int]:
-    """(bytes int32 [W, M], lengths int32 [W], M): the words left-aligned, padded with PAD."""
+def word_table(words) -> tuple[np.ndarray, np.ndarray, int]:
+    """(bytes int32 [W, M], lengths int32 [W], M): the words left-aligned, padded with PAD.
+
+    NumPy arrays: module constants made at import must not start a JAX backend.
+    """
     width = max(len(w) for w in words)
     table = np.zeros((len(words), width), np.int32)
     for i, w in enumerate(words):
         table[i, :len(w)] = ascii_ids(w)
-    return jnp.asarray(table), jnp.asarray([len(w) for w in words], jnp.int32), width
+    return table, np.asarray([len(w) for w in words], np.int32), width
 
 
 def prime_below(n: int) -> int:
