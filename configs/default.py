@@ -79,6 +79,8 @@ def _base() -> ml_collections.ConfigDict:
         seed=0,  # model init and data keys
         fit_accuracy=0.0,  # > 0: stop once validation accuracy at the training length reaches it
         fit_check_every=250,  # steps between fit checks (with fit_accuracy > 0)
+        # train steps per compiled call: an int >= 1 or "auto" (docs/performance.md); same results
+        steps_per_call=ml_collections.FieldReference("auto", field_type=object),
         log_every=250,
         checkpoint_every=1000,
         keep_checkpoints=2,

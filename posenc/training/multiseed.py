@@ -3,8 +3,9 @@
 ``run_seeds(configs, workdirs)`` does what ``loop.run(config, workdir)``
 does for each config, for configs that differ only in ``train.seed``: the S
 ``(model, optimizer)`` states (same graph) are stacked on a leading axis and
-trained by one ``jax.vmap`` of the train step (``step.seeds_train_step_fn``)
-through the same step loop as a single run (:mod:`~posenc.training.steploop`).
+trained by one ``jax.vmap`` of the train step (``step.seeds_train_chunk_fn``:
+``train.steps_per_call`` vmapped steps per compiled call) through the same
+step loop as a single run (:mod:`~posenc.training.steploop`).
 Seed ``i`` starts from ``nnx.Rngs(seed_i)`` and trains on the data keys of
 its own run, so its metrics, checkpoints and results equal those of
 ``loop.run`` up to float32 rounding (batched matmuls may sum in another
@@ -37,6 +38,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 from flax import nnx
 
@@ -150,16 +152,18 @@ class _GroupTrainer:
         for r in self.active:
             r.state = None
         self.roots = jnp.stack([loop.data_root(r.resolved.config) for r in self.active])
-        self.train_step = step_lib.seeds_train_step_fn(first.task, first.config)
-        self.stats = step_lib.seeds_stats_fn(first.task, first.config)
+        self.chunk = step_lib.seeds_train_chunk_fn(first.task, first.config,
+                                                   steploop.buffer_size(first.config))
+        self.stats_fn = step_lib.seeds_stats_fn(first.task, first.config)
         self.t0 = time.time()
         self.seconds0 = {r.index: r.book.record.train_seconds for r in group}  # restored time
 
-    def step(self, t, stats):
-        t = jnp.int32(t)
-        extra = self.stats(self.graphdef, self.state, self.roots, t) if stats else {}
-        self.state, metrics = self.train_step(self.graphdef, self.state, self.roots, t)
-        return {**metrics, **extra}
+    def steps(self, t, n):
+        self.state, metrics = self.chunk(self.graphdef, self.state, self.roots, np.int32(t), np.int32(n))
+        return metrics
+
+    def stats(self, t):
+        return self.stats_fn(self.graphdef, self.state, self.roots, jnp.int32(t))
 
     def boundary(self, s, fetched, at):
         keep = []

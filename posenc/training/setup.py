@@ -26,7 +26,7 @@ from posenc import checks
 from posenc import tasks as tasks_lib
 from posenc.model import ModelSpec, model_config
 from posenc.model import encoding as encoding_lib
-from posenc.training import lock, optim, overrides, results
+from posenc.training import lock, optim, overrides, results, steploop
 
 
 class ConfigError(ValueError):
@@ -90,6 +90,7 @@ def _check_train(train) -> None:
     _positive("train.fit_check_every", train.fit_check_every)
     for f in ("tensorboard", "progress"):
         checks.boolean(f"train.{f}", train[f])
+    steploop.check_steps_per_call(train.get("steps_per_call", steploop.AUTO))
 
 
 def _check_eval(ev) -> None:

@@ -231,6 +231,71 @@ def seeds_stats_fn(task, config):
     return _CACHE[cache_key]
 
 
+def _chunked(step_t, buffer: int):
+    """``chunk(graphdef, state, data, t0, n) -> (state, metrics)``: ``n`` <= ``buffer`` steps in one program.
+
+    ``step_t(graphdef, state, data, t) -> (state, metrics)`` is one train step
+    at (traced, 0-based) step ``t``. The steps run in a ``lax.fori_loop``
+    whose trip count ``n`` is an argument, so every chunk length up to
+    ``buffer`` shares one compiled program; metrics are stacked into a
+    leading axis of ``buffer`` rows, rows ``n ..`` left zero. Each step is
+    the same computation as one step per call (same key, schedule step and
+    state), so the results are bit-identical.
+    """
+
+    def chunk(graphdef, state, data, t0, n):
+        t0, n = jnp.asarray(t0, jnp.int32), jnp.asarray(n, jnp.int32)
+        shapes = jax.eval_shape(lambda s: step_t(graphdef, s, data, t0)[1], state)
+        rows = jax.tree.map(lambda x: jnp.zeros((buffer, *x.shape), x.dtype), shapes)
+
+        def body(i, carry):
+            state, rows = carry
+            state, metrics = step_t(graphdef, state, data, t0 + i)
+            rows = jax.tree.map(lambda r, x: jax.lax.dynamic_update_index_in_dim(r, x, i, 0),
+                                rows, metrics)
+            return state, rows
+
+        return jax.lax.fori_loop(0, n, body, (state, rows))
+
+    return chunk
+
+
+def train_chunk_fn(task, config, buffer: int, *, mesh=None):
+    """``chunk(graphdef, state, root, t0, n) -> (state, metrics)``: train steps ``t0 .. t0 + n - 1``.
+
+    Step ``t`` is :func:`train_step_fn`'s step on key ``fold_in(root, t)``,
+    run inside one jitted loop (``n`` <= ``buffer``, traced: one compile for
+    every chunk length); ``state`` is donated; each metric is stacked to
+    [buffer] (rows past ``n`` are zero). Bit-identical to ``n`` calls of
+    :func:`train_step_fn`. With ``mesh``, ``state``, ``root``, ``t0`` and
+    ``n`` must already be placed on it (``sharding.replicate``).
+    """
+    buffer = int(buffer)
+    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
+    fsdp = sharding_lib.fsdp_enabled(config)
+    cache_key = ("chunk", buffer, *_train_key(config, mesh, fsdp))
+    if cache_key not in _CACHE:
+        step = _train_step(task, config, mesh=mesh, fsdp=fsdp)
+        chunk = _chunked(lambda g, s, root, t: step(g, s, jax.random.fold_in(root, t)), buffer)
+        _CACHE[cache_key] = jax.jit(chunk, donate_argnums=(1,))
+    return _CACHE[cache_key]
+
+
+def seeds_train_chunk_fn(task, config, buffer: int):
+    """``chunk(graphdef, states, roots, t0, n) -> (states, metrics)``: :func:`train_chunk_fn` of S seeds.
+
+    The step is :func:`seeds_train_step_fn`'s (vmapped over the stacked
+    ``states`` and the data keys ``roots`` [S]); metrics are [buffer, S].
+    """
+    buffer = int(buffer)
+    cache_key = ("seeds_chunk", buffer, *_train_key(config, None, False))
+    if cache_key not in _CACHE:
+        step = jax.vmap(_train_step(task, config), in_axes=(None, 0, 0))
+        chunk = _chunked(lambda g, s, roots, t: step(g, s, _seed_keys(roots, t)), buffer)
+        _CACHE[cache_key] = jax.jit(chunk, donate_argnums=(1,))
+    return _CACHE[cache_key]
+
+
 def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
                  per_position: bool = False, sequential: bool = False, mesh=None):
     """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
