@@ -84,11 +84,17 @@ def check_fit(resolved, graphdef, state, fit: records.FitState, s: int, *, mesh=
     model, _ = nnx.merge(graphdef, state)
     row = evaluate_lib.evaluate_length(model, resolved.task, config, resolved.spec,
                                        int(config.task.train_length), mesh=mesh)
-    fit.accuracy, fit.checked_at = row["accuracy"], s
-    if row["accuracy"] is not None and row["accuracy"] >= float(config.train.fit_accuracy):
+    return record_fit(resolved, fit, s, row["accuracy"])
+
+
+def record_fit(resolved, fit: records.FitState, s: int, accuracy) -> bool:
+    """Note the fit check of step ``s`` (validation ``accuracy`` at the training length) in ``fit``."""
+    target = float(resolved.config.train.fit_accuracy)
+    fit.accuracy, fit.checked_at = accuracy, s
+    if accuracy is not None and accuracy >= target:
         fit.fitted, fit.steps_to_fit = True, s
         logging.info("fitted at step %d: validation accuracy %.4f >= train.fit_accuracy %.4f", s,
-                     row["accuracy"], float(config.train.fit_accuracy))
+                     accuracy, target)
     return fit.fitted
 
 
