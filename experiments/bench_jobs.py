@@ -8,7 +8,7 @@ cell per task (rope, or the grid's first position; the first placement and
 norm), trained on its own task as the grid trains it: the compiled chunk of
 the step loop, the seeds vmapped where the grid sets ``grid.vmap_seeds``;
 rows give the step time (median over calls of k steps, k by the loop's
-"auto" rule) and the single-step time of the probe calls.
+"auto" rule) and the time of a call of one step (the probe's).
 
 ``main``: ``python -m experiments.compare --config configs/compare.py:quick``
 twice, each in a fresh process, with its own compilation cache directory
@@ -78,14 +78,18 @@ def quick_grids(config, emit):
             state, m = fn(graphdef, state, data, np.int32(0), np.int32(1))
             jax.block_until_ready(m)
             compile_s = time.perf_counter() - t
-            probe = []
-            for i in range(steploop.AUTO_PROBES):
+            box, single = [state, 1], []
+
+            def call(n):
                 t = time.perf_counter()
-                state, m = fn(graphdef, state, data, np.int32(1 + i), np.int32(1))
+                box[0], m = fn(graphdef, box[0], data, np.int32(box[1]), np.int32(n))
                 jax.block_until_ready(m)
-                probe.append(time.perf_counter() - t)
-            k = steploop.auto_steps_per_call(statistics.median(probe))
-            times, step = [], 1 + steploop.AUTO_PROBES
+                box[1] += n
+                if n == 1:
+                    single.append(time.perf_counter() - t)
+
+            k = steploop.probe_steps_per_call(call)
+            state, step, times = box[0], box[1], []
             for _ in range(max(3, -(-int(config.bench.steps) // k))):
                 t = time.perf_counter()
                 state, m = fn(graphdef, state, data, np.int32(step), np.int32(k))
@@ -96,7 +100,7 @@ def quick_grids(config, emit):
                        batch_size=int(c.train.batch_size), train_length=int(c.task.train_length),
                        d_model=int(c.model.d_model), num_layers=int(c.model.num_layers),
                        steps_per_call=k, step_ms=round(1e3 * statistics.median(times), 3),
-                       step_ms_one_per_call_probe=round(1e3 * statistics.median(probe), 3),
+                       step_ms_single_call=round(1e3 * statistics.median(single), 3),
                        compile_s=round(compile_s, 2), load_1min=round(os.getloadavg()[0], 2)))
 
 

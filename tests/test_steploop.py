@@ -92,16 +92,40 @@ def test_chunks_end_at_every_boundary_and_stats_precede_the_logging_step():
     assert rec.calls == [("steps", 1, 2), ("stats", 3), ("steps", 3, 1), ("steps", 4, 1)]
 
 
-def test_auto_probes_single_steps_then_fills_its_call(monkeypatch):
-    clock = iter(np.arange(0.0, 100.0, 0.01))  # every call "takes" 10 ms
-    monkeypatch.setattr(steploop.time, "perf_counter", lambda: next(clock))
-    sched = steploop.Schedule(steps=300, end=300, log_every=1000, checkpoint_every=1000, per_call="auto")
-    rec = Recorder()
+class Clock:
+    """A fake perf_counter that a trainer advances by a cost per call plus a cost per step."""
+
+    def __init__(self, call_s, step_s):
+        self.now, self.call_s, self.step_s = 0.0, call_s, step_s
+
+    def __call__(self):
+        return self.now
+
+
+class TimedRecorder(Recorder):
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def steps(self, t, n):
+        self.clock.now += self.clock.call_s + n * self.clock.step_s
+        return super().steps(t, n)
+
+
+@pytest.mark.parametrize("call_s,step_s,k", [(0.0, 0.01, 20), (0.015, 0.03, 25), (0.25, 1.0, 13),
+                                             (0.0, 60.0, 1), (1.0, 1e-4, 256)])
+def test_auto_fits_the_cost_of_a_call_and_of_a_step_then_picks_k(monkeypatch, call_s, step_s, k):
+    clock = Clock(call_s, step_s)
+    monkeypatch.setattr(steploop.time, "perf_counter", clock)
+    sched = steploop.Schedule(steps=400, end=400, log_every=1000, checkpoint_every=1000, per_call="auto")
+    rec = TimedRecorder(clock)
     steploop.train(rec, start=0, schedule=sched)
-    first = [c for c in rec.calls if c[0] == "steps"][:6]
-    k = int(np.ceil(steploop.AUTO_CALL_SECONDS / 0.01))
-    assert first[:steploop.AUTO_PROBES + 1] == [("steps", t, 1) for t in range(steploop.AUTO_PROBES + 1)]
-    assert first[steploop.AUTO_PROBES + 1] == ("steps", steploop.AUTO_PROBES + 1, k)
+    calls = [c for c in rec.calls if c[0] == "steps"]
+    probes = 1 + 2 * steploop.AUTO_PROBES  # one that compiles, then 1, 2, 1, 2, ... steps
+    assert [n for _, _, n in calls[:probes]] == [1] + [1, 2] * steploop.AUTO_PROBES
+    assert calls[probes][2] == k  # call cost <= 2% of the steps', calls >= 0.2 s and <= 30 s
+    assert steploop.fit_call_time([(1, call_s + step_s), (2, call_s + 2 * step_s)]) == \
+        pytest.approx((step_s, call_s), abs=1e-12)
 
 
 @pytest.mark.parametrize("value", [0, -2, 1.5, "fast", True, None])

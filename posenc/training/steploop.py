@@ -21,14 +21,19 @@ before that step, so every other step takes the fused attention path: a
 chunk that ends on a logging step runs as ``n - 1`` steps, ``stats``, then
 its last step.
 
-Steps per call (``train.steps_per_call``): an integer k >= 1, or ``"auto"``,
-which runs the first :data:`AUTO_PROBES` + 1 steps one per call, times the
-last :data:`AUTO_PROBES` of them (the first compiles) and then takes
-``k = ceil(AUTO_CALL_SECONDS / step_s)``, at most :data:`AUTO_MAX`: a call
-lasts about :data:`AUTO_CALL_SECONDS`, so the host's share per call
-(dispatch, argument handling: well under a millisecond) stays below 1% of
-it. Since a chunk of k steps gives exactly the results of k single steps,
-k changes only the speed.
+Steps per call (``train.steps_per_call``): an integer k >= 1, or ``"auto"``.
+A call has a fixed cost besides its steps: dispatch, and above all
+XLA:CPU's temporary buffers, allocated (and, above glibc's mmap threshold,
+faulted in page by page) at every call: about 15 ms per call for a case-T
+step of 30 ms, 250 ms for a case-R step of 1 s (docs/performance.md).
+``"auto"`` measures both. After one call that compiles it runs
+:data:`AUTO_PROBES` calls of 1 step and as many of 2, alternating, fits
+``seconds = call_s + steps * step_s`` and takes the smallest k whose call
+cost is at most :data:`AUTO_CALL_SHARE` (2%) of its steps and whose call
+lasts at least :data:`AUTO_CALL_SECONDS`, within
+:data:`AUTO_MAX_CALL_SECONDS` and :data:`AUTO_MAX` steps
+(:func:`auto_steps_per_call`). Since a chunk of k steps gives exactly the
+results of k single steps, k changes only the speed.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from posenc import checks
 
 AUTO = "auto"
 AUTO_MAX = 256  # most steps per call "auto" picks (the metrics buffer of its compiled chunk)
-AUTO_CALL_SECONDS = 0.2  # "auto": the wall time one call aims at
-AUTO_PROBES = 3  # "auto": timed single-step calls (after the first, which compiles)
+AUTO_CALL_SHARE = 0.02  # "auto": the fixed cost of a call at most this share of its steps' time
+AUTO_CALL_SECONDS = 0.2  # "auto": calls of at least this long
+AUTO_MAX_CALL_SECONDS = 30.0  # "auto": calls of at most this long (Ctrl-C waits for the call)
+AUTO_PROBES = 3  # "auto": timed probe calls of each length, 1 and 2 steps (after one that compiles)
 
 
 def check_steps_per_call(value):
@@ -120,32 +127,72 @@ class Schedule:
 
 
 class _PerCall:
-    """How many steps the next call runs: fixed, or ``"auto"`` (probe single steps, then choose)."""
+    """How many steps the next call runs: fixed, or ``"auto"`` (probe calls of 1 and 2 steps, then choose)."""
 
     def __init__(self, per_call):
         self.auto = per_call == AUTO
-        self.k = 1 if self.auto else int(per_call)
-        self.calls, self.times = 0, []
+        self.fixed = 1 if self.auto else int(per_call)
+        self.calls, self.probes = 0, []  # (steps, seconds) of each timed probe call
 
-    def timed(self, run, pending):
-        """``run()``, timed (after the work already queued) while ``"auto"`` is still probing."""
+    @property
+    def k(self) -> int:
+        if not self.auto:
+            return self.fixed
+        return 1 + len(self.probes) % 2 if self.calls else 1  # compile with 1, then 1, 2, 1, 2, ...
+
+    def timed(self, run, pending, n: int, extra=None):
+        """``run()`` (``n`` steps), timed after the work already queued while ``"auto"`` is probing."""
         if not self.auto:
             return run()
-        jax.block_until_ready(pending)
+        jax.block_until_ready((pending, extra))
         t0 = time.perf_counter()
         out = jax.block_until_ready(run())
         self.calls += 1
         if self.calls > 1:  # the first call compiles
-            self.times.append(time.perf_counter() - t0)
-        if len(self.times) == AUTO_PROBES:
-            self.k, self.auto = auto_steps_per_call(statistics.median(self.times)), False
+            self.probes.append((n, time.perf_counter() - t0))
+        if len(self.probes) == 2 * AUTO_PROBES:
+            self.fixed, self.auto = auto_steps_per_call(*fit_call_time(self.probes)), False
         return out
 
 
-def auto_steps_per_call(step_seconds: float) -> int:
-    """``"auto"``'s steps per call for a measured step time: ``ceil(AUTO_CALL_SECONDS / step_s)``
-    within ``[1, AUTO_MAX]``."""
-    return max(1, min(AUTO_MAX, math.ceil(AUTO_CALL_SECONDS / max(step_seconds, 1e-9))))
+def probe_steps_per_call(call) -> int:
+    """``"auto"``'s k for ``call(n)`` (runs ``n`` steps, returns when they are done; compiled
+    already): the loop's probe, for benchmarks."""
+    probes = []
+    for i in range(2 * AUTO_PROBES):
+        t0 = time.perf_counter()
+        call(1 + i % 2)
+        probes.append((1 + i % 2, time.perf_counter() - t0))
+    return auto_steps_per_call(*fit_call_time(probes))
+
+
+def fit_call_time(probes) -> tuple[float, float]:
+    """``(step_s, call_s)`` of ``seconds = call_s + steps * step_s``, least squares over ``probes``.
+
+    Calls of one length only (no spread in ``steps``): the median time per step, no call cost.
+    """
+    n = [p[0] for p in probes]
+    t = [p[1] for p in probes]
+    mean_n, mean_t = statistics.fmean(n), statistics.fmean(t)
+    var = sum((x - mean_n) ** 2 for x in n)
+    if not var:
+        return statistics.median(x / m for m, x in probes), 0.0
+    step = sum((x - mean_n) * (y - mean_t) for x, y in zip(n, t)) / var
+    step = max(step, 1e-9)
+    return step, max(mean_t - step * mean_n, 0.0)
+
+
+def auto_steps_per_call(step_seconds: float, call_seconds: float = 0.0) -> int:
+    """``"auto"``'s steps per call k for a step time and a fixed cost per call.
+
+    The larger of ``call_s / (AUTO_CALL_SHARE * step_s)`` (the cost of a call
+    at most 2% of its steps') and ``AUTO_CALL_SECONDS / step_s`` (calls of
+    at least 0.2 s), at most ``AUTO_MAX_CALL_SECONDS / step_s`` (a call
+    returns within 30 s) and :data:`AUTO_MAX`, at least 1.
+    """
+    step = max(step_seconds, 1e-9)
+    k = max(math.ceil(call_seconds / (AUTO_CALL_SHARE * step)), math.ceil(AUTO_CALL_SECONDS / step))
+    return max(1, min(k, AUTO_MAX, int(AUTO_MAX_CALL_SECONDS / step)))
 
 
 def _per_step(fetched):
@@ -171,12 +218,12 @@ def train(trainer, *, start: int, schedule: Schedule, bar=None) -> int:
         extra = None
         if at.log and t + n == stop:  # diagnostics of the logging step, before it trains
             if n > 1:
-                pending.append((t, n - 1, per_call.timed(lambda: trainer.steps(t, n - 1), pending),
-                                None))
+                pending.append((t, n - 1, per_call.timed(lambda: trainer.steps(t, n - 1), pending,
+                                                         n - 1), None))
                 t, n = t + n - 1, 1
             extra = trainer.stats(t)
         t0 = t
-        pending.append((t0, n, per_call.timed(lambda: trainer.steps(t0, n), pending), extra))
+        pending.append((t0, n, per_call.timed(lambda: trainer.steps(t0, n), pending, n, extra), extra))
         t += n
         if t < stop:
             continue
