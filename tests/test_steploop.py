@@ -219,3 +219,19 @@ def test_seeds_with_k_steps_per_call_equal_one_per_call(tmp_path):
             results.read_jsonl(os.path.join(b, "train_log.jsonl"))
         assert [r["loss"] for r in out[1][1][j]] == [r["loss"] for r in out[3][1][j]]
         assert_same_bits(final_state(config(j), a)[0], final_state(config(j), b)[0])
+
+
+def test_fine_tuning_with_k_steps_per_call_equals_one_per_call(one_per_call, tmp_path):
+    """finetune.finetune runs loop.run from another run's parameters (init=): the same identity."""
+    from posenc.training import finetune
+
+    base = finetune.load_run(one_per_call[0])
+    dirs = {}
+    for per_call in (1, 4):
+        c = config(per_call=per_call)
+        c.train.update(steps=6, seed=3)
+        dirs[per_call] = str(tmp_path / f"k{per_call}")
+        finetune.finetune(base, c, dirs[per_call])
+    logs = [results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in dirs.values()]
+    assert [r["step"] for r in logs[0]] == [4, 6] and logs[0] == logs[1]
+    assert_same_bits(final_state(config(), dirs[1])[0], final_state(config(), dirs[4])[0])
