@@ -80,6 +80,7 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
         grids=("quick", "chomsky_quick", "suite_quick", "lm_quick", "randomized_quick",
                "interaction_quick"),  # case quick_grids
         main_workdir="/tmp/posenc_main_job",  # case main: runs, and the cold run's cache, go here
+        main_args=(),  # case main: extra arguments of experiments.compare (e.g. --config.base.x=y)
         peer=case not in ("relative", "window"),  # run the peer (when --peer_python is given)
         warmup=5,
         steps=50 if small else 20,

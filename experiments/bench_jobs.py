@@ -114,7 +114,8 @@ def main_job(config, emit):
     cache = os.path.join(root, "jax_cache")
     for name in ("cold", "warm"):
         argv = [sys.executable, "-m", "experiments.compare", "--config", "configs/compare.py:quick",
-                "--workdir", os.path.join(root, name), f"--jax_cache_dir={cache}"]
+                "--workdir", os.path.join(root, name), f"--jax_cache_dir={cache}",
+                *config.bench.main_args]
         load0, t = os.getloadavg()[0], time.perf_counter()
         usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(argv, capture_output=True, text=True)
