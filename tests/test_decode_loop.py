@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from posenc.training import decode
-from posenc.training import step as step_lib
+from posenc.training import eval_step
 
 B, P, A = 3, 5, 6
 
@@ -124,6 +124,6 @@ def test_eval_set_correctness_of_a_task():
     assert (mask.sum(axis=1) == n).all() and not correct[~mask].any()
     # the same examples as a direct decode of the evaluation batches
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(int(r.config.eval.seed)), 16), 1)
-    batch, _ = step_lib.eval_batch(r.task, r.config, key, 4, 16)
+    batch, _ = eval_step.eval_batch(r.task, r.config, key, 4, 16)
     direct, _ = decode.answer_correctness(model, batch)
     np.testing.assert_array_equal(correct[4:], direct)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from posenc.model import Decoder
 from posenc.training import evaluate, overrides, setup
-from posenc.training import step as step_lib
+from posenc.training import eval_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +28,7 @@ def chunk_by_chunk(model, r, length):
     c = r.config
     batch_size = int(c.eval.batch_size)
     rows = evaluate.rows_per_step(batch_size, length, int(c.eval.max_tokens_per_step))
-    fn = step_lib.eval_step_fn(r.task, c, length, batch_size, rows=rows)
+    fn = eval_step.eval_step_fn(r.task, c, length, batch_size, rows=rows)
     graphdef, state = nnx.split(model)
     root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), length)
     totals = None
@@ -51,7 +51,7 @@ def test_one_call_per_length_equals_chunk_by_chunk_calls():
     assert row["loss"] == float(totals["loss_sum"]) / float(totals["mask_sum"])
     assert row["accuracy"] == float(totals["correct_sum"]) / float(totals["mask_sum"])
     assert row["exact_match"] == float(totals["exact_sum"]) / float(totals["examples"])
-    fn = step_lib.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2)
+    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2)
     other = Decoder(r.spec, rngs=nnx.Rngs(1))  # another model of the graph: the same program
     assert evaluate.evaluate_length(other, r.task, r.config, r.spec, 16)["loss"] != row["loss"]
     assert fn._cache_size() == 1

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from posenc.training import evaluate as evaluate_lib
-from posenc.training import step as step_lib
+from posenc.training import eval_step as eval_lib
 
 _JIT: dict = {}
 
@@ -155,7 +155,7 @@ def eval_correctness(model, task, config, length: int):
     root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
     corrects, masks = [], []
     for i in range(int(config.eval.num_batches)):
-        batch, positions = step_lib.eval_batch(task, config, jax.random.fold_in(root, i), batch_size,
+        batch, positions = eval_lib.eval_batch(task, config, jax.random.fold_in(root, i), batch_size,
                                                int(length))
         for lo in range(0, batch_size, rows):
             part = {k: v[lo:lo + rows] for k, v in batch.items()}

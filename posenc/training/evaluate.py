@@ -7,7 +7,7 @@ windows, below): the same evaluation set for every run, independent of
 training. Each length is one static shape, so it
 compiles once per process (the model switches to blocked attention for long
 sequences by itself), and runs as one compiled call: every batch and row
-chunk inside one loop (``step.eval_length_fn``), so a length costs one
+chunk inside one loop (``eval_step.eval_length_fn``), so a length costs one
 dispatch. The program is shared by every model of the graph: the seeds of a
 grid cell, the fit checks and the final evaluation at the training length.
 :func:`evaluate_seeds` evaluates S models of one graph (a cell's seeds) in
@@ -64,7 +64,7 @@ from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
 from posenc.training import setup
 from posenc.training import sharding as sharding_lib
-from posenc.training import step as step_lib
+from posenc.training import eval_step as eval_lib
 
 
 def not_applicable(config, spec, length: int) -> str | None:
@@ -167,14 +167,14 @@ def _root(config, length: int):
 def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dict:
     """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ the text measures).
 
-    Every batch and row chunk runs in one compiled call (``step.eval_length_fn``).
+    Every batch and row chunk runs in one compiled call (``eval_step.eval_length_fn``).
     """
     reason = not_applicable(config, spec, length)
     if reason is not None:
         return _not_applicable_row(length, reason)
     devices = 1 if mesh is None else mesh.size
     batch_size, rows, num_batches, per_position, sequential = _setup(task, config, length, devices)
-    fn = step_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
+    fn = eval_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
                                  per_position=per_position, sequential=sequential, mesh=mesh)
     graphdef, state = nnx.split(model)
     root = _root(config, length)
@@ -206,7 +206,7 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
     if reason is not None:
         return [_not_applicable_row(length, reason) for _ in range(size)]
     batch_size, rows, num_batches, per_position, sequential = _setup(task, config, length, 1)
-    fn = step_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
+    fn = eval_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
                                  per_position=per_position, sequential=sequential, seeds=True)
     totals = jax.device_get(fn(graphdef, params, rest, _root(config, length)))
     return [_row(jax.tree.map(lambda x: x[j], totals), task, config, length, rows, per_position,
