@@ -17,9 +17,7 @@ each round followed by the peer, and a ``median_of_rounds`` line closes it.
 When rope is in the run, ``step_s / rope step_s`` lines compare every
 position with rope. Eval lengths in ``bench.peer_eval_lengths`` also run the
 peer's ``--eval-seq`` (one forward, its own peak RSS) and print the ratio.
-Rows carry ``keep_freed_memory``: the process keeps freed memory as the entry
-points do (experiments.keep_freed_memory; ``POSENC_KEEP_FREED_MEMORY=0`` turns
-it off). ``--config.bench.one_per_call=True`` also times one step per call, the way the
+``--config.bench.one_per_call=True`` also times one step per call, the way the
 loop ran before (``step_s_one_per_call`` beside ``step_s_chunked_round``);
 ``--config.bench.profile=True`` writes the per-op profile of both
 (experiments.bench_profile). Cases ``quick_grids`` and ``main``
@@ -57,7 +55,6 @@ def define_flags() -> None:
     flags.DEFINE_list("positions", [], "subset of the case's positions")
     flags.DEFINE_string("eval_child", "", "internal: POSITION:LENGTH, one eval in this process")
 
-KEEP_FREED_MEMORY = False  # set when run as a program (experiments.keep_freed_memory)
 PEER_PE = {"rope": "rotary", "alibi": "alibi", "t5": "t5", "nope": "none", "learned": "abs"}
 
 
@@ -272,7 +269,7 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
                    model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
                    matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
                    peak_rss_mb=round(peak_rss_mb(), 1),
-                   loss=round(float(metrics["loss"][(k - 1)]), 4), keep_freed_memory=KEEP_FREED_MEMORY,
+                   loss=round(float(metrics["loss"][(k - 1)]), 4),
                    **dev, load_1min=round(os.getloadavg()[0], 2))
         if single is not None:
             row.update(step_s_one_per_call=round(one_round, 5), step_s_chunked_round=round(chunked_round, 5),
@@ -488,11 +485,7 @@ def main(argv):
 
 if __name__ == "__main__":
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import experiments
     from experiments import runtime
-
-    if os.environ.get("POSENC_KEEP_FREED_MEMORY", "1") != "0":  # as the entry points run (runtime.start)
-        KEEP_FREED_MEMORY = experiments.keep_freed_memory()
 
     define_flags()
     runtime.main(main)

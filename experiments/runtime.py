@@ -12,9 +12,6 @@ import experiments
 _CACHE = flags.DEFINE_string("jax_cache_dir", experiments.default_cache_dir(),
                              "JAX persistent compilation cache directory ('' = off; default "
                              f"${experiments.CACHE_ENV} or the user cache directory).")
-_KEEP_MEMORY = flags.DEFINE_bool(
-    "keep_freed_memory", True, "Keep large freed blocks in the process (glibc mallopt), so that "
-    "XLA's per-call temporary buffers are not faulted in again at every call (docs/performance.md).")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-process run: call jax.distributed.initialize() first (docs/multidevice.md).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
@@ -111,10 +108,7 @@ def _flag_error(e, argv) -> str:
 
 
 def start() -> None:
-    """Keep freed memory (``--keep_freed_memory``), join the multi-process run if ``--distributed``
-    (before any JAX computation), then enable the compile cache."""
-    if _KEEP_MEMORY.value:
-        experiments.keep_freed_memory()
+    """Join the multi-process run if ``--distributed`` (before any JAX computation), then enable the compile cache."""
     if _DISTRIBUTED.value:
         from posenc.training import sharding
 
