@@ -20,6 +20,13 @@ GELU MLP x4, untied head, random-token language modelling):
     window    case R with sliding-window attention (model.attention_span=window,
           W = 256) evaluated on one sequence of 16K and 64K tokens (each in a
           fresh process): O(L W) time and memory, beside case long's full rope
+    quick_grids  the per-step time of the quick grids' models (configs/compare.py's
+          *quick grids: each task variant with rope, or the grid's first position),
+          trained on their own tasks in calls of k steps, the seeds vmapped where
+          the grid trains them so
+    main  the main job (`experiments.compare --config configs/compare.py:quick`)
+          twice in fresh processes: with an empty compilation cache (cold), then
+          with the cache the first run filled (warm); wall time of each
     G     the accelerator case (one GPU / TPU): d_model 1024, 12 layers, 16
           heads, batch 16 x seq 2048 (32K tokens a step), vocab 256,
           model.dtype auto (bf16 there) and attention_impl auto (the fused
@@ -39,7 +46,7 @@ import ml_collections
 
 from configs import default
 
-CASES = ("R", "T", "long", "relative", "window", "G")
+CASES = ("R", "T", "long", "relative", "window", "G", "quick_grids", "main")
 
 
 def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
@@ -66,7 +73,14 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
                    else ("rope",) if case == "window"
                    else ("rope", "alibi", "t5", "nope")),
         rounds=2,  # timed repeats per position (one compile), each followed by the peer
-        train=case not in ("long", "window"),
+        train=case not in ("long", "window", "quick_grids", "main"),
+        # train steps per timed call, as train.steps_per_call ("auto": the loop's rule)
+        steps_per_call=ml_collections.FieldReference("auto", field_type=object),
+        one_per_call=False,  # True: also time one step per call (the loop before chunks), interleaved
+        grids=("quick", "chomsky_quick", "suite_quick", "lm_quick", "randomized_quick",
+               "interaction_quick"),  # case quick_grids
+        main_workdir="/tmp/posenc_main_job",  # case main: runs, and the cold run's cache, go here
+        main_args=(),  # case main: extra arguments of experiments.compare (e.g. --config.base.x=y)
         peer=case not in ("relative", "window"),  # run the peer (when --peer_python is given)
         warmup=5,
         steps=50 if small else 20,
@@ -78,6 +92,7 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
         # step, as before they moved to a separate pass on logging steps), interleaved with the
         # current step in this process; rows "stats_in_step" and their ratio
         stats_ab=False,
+        profile=False,  # True: per-op profile of the train step, one step per call vs k (no peer)
     ))
     if case == "G":
         m.d_model, m.num_layers, m.num_heads, m.dtype = 1024, 12, 16, "auto"

@@ -2,8 +2,10 @@
 
     python -m experiments.benchmark --config configs/benchmark.py:R [--peer_python=/tmp/xt/bin/python]
 
-Training lines: ``case, position, round, train_tokens_per_s`` (median over timed
-steps after warm-up), ``model_flops_per_s`` (PaLM accounting: 6 N + 12 l L d
+Training lines: ``case, position, round, train_tokens_per_s`` (after warm-up,
+the steps run in calls of ``steps_per_call`` = k, as the training loop runs
+them: ``bench.steps_per_call``, "auto" by the loop's rule; the median over
+calls of call time / k, ``step_s_spread`` its range), ``model_flops_per_s`` (PaLM accounting: 6 N + 12 l L d
 per token, N the non-embedding parameters), ``matmul_peak_flops_per_s`` (a
 float32 1024^3 matmul measured in the same run), ``compile_s``,
 ``peak_rss_mb``. Evaluation lines (case ``long``): ``case, position,
@@ -15,6 +17,12 @@ each round followed by the peer, and a ``median_of_rounds`` line closes it.
 When rope is in the run, ``step_s / rope step_s`` lines compare every
 position with rope. Eval lengths in ``bench.peer_eval_lengths`` also run the
 peer's ``--eval-seq`` (one forward, its own peak RSS) and print the ratio.
+``--config.bench.one_per_call=True`` also times one step per call, the way the
+loop ran before (``step_s_one_per_call`` beside ``step_s_chunked_round``);
+``--config.bench.profile=True`` writes the per-op profile of both
+(experiments.bench_profile). Cases ``quick_grids`` and ``main``
+(experiments.bench_jobs): the quick grids' per-step times, and the main job's
+wall time with a cold and a warm compilation cache.
 Each row carries ``load_1min`` (os.getloadavg): distrust rows taken under load.
 Training and evaluation rows also carry ``device`` (jax's device kind),
 ``dtype`` (the resolved compute dtype) and, on accelerators,
@@ -144,46 +152,128 @@ def _flops_per_token(model, config) -> float:
     return 6.0 * n + 12.0 * m.num_layers * m.d_model * int(config.task.train_length)
 
 
-def bench_train(config, position: str, peak: float, rounds: int = 1):
-    """Yields one row per round; the step compiles once, each round times fresh steps."""
-    import jax
+def _fresh_state(c):
     from flax import nnx
 
     from posenc.training import optim
-    from posenc.training import step as step_lib
 
-    c = _config_for(config, position)
     model = _build(c)
     optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
-    train_step = step_lib.train_step_fn(RandomTokens(int(c.model.vocab_size)), c)
-    key = jax.random.key(0)
+    return model, graphdef, state
+
+
+class _Chunks:
+    """Train steps in calls of ``k`` (posenc.training.step.train_chunk_fn, as the loop runs them)."""
+
+    def __init__(self, task, c, buffer):
+        import jax
+
+        from posenc.training import step as step_lib
+
+        self.fn = step_lib.train_chunk_fn(task, c, buffer)
+        self.root, self.t = jax.random.key(0), 0
+
+    def __call__(self, graphdef, state, n):
+        import numpy as np
+
+        state, metrics = self.fn(graphdef, state, self.root, np.int32(self.t), np.int32(n))
+        self.t += n
+        return state, metrics
+
+
+def _steps_per_call(c, chunks, graphdef, state):
+    """``bench.steps_per_call`` (an int), or the loop's "auto" rule (its probe calls of 1 and 2 steps)."""
+    import jax
+
+    from posenc.training import steploop
+
+    k = c.bench.steps_per_call
+    if k != "auto":
+        return int(k), state
+    box = [state]
+
+    def call(n):
+        box[0], m = chunks(graphdef, box[0], n)
+        jax.block_until_ready(m)
+
+    k = steploop.probe_steps_per_call(call)
+    return k, box[0]
+
+
+def bench_train(config, position: str, peak: float, rounds: int = 1):
+    """Yields one row per round; the chunk compiles once, each round times fresh steps.
+
+    A round runs ``bench.warmup`` steps, then ``bench.steps`` steps in calls of k
+    (``bench.steps_per_call``; "auto": the training loop's rule), each call
+    timed: step_s is the median over calls of call time / k. With
+    ``bench.one_per_call`` each round also runs ``bench.steps`` single-step
+    calls of ``train_step_fn`` the way the loop ran them before k steps per call
+    (the step's key folded on the host, no sync until the end), right after the
+    chunked steps: ``step_s_one_per_call`` and ``step_s_chunked_round`` are the
+    two rounds' wall time per step.
+    """
+    import jax
+
+    from posenc.training import steploop
+    from posenc.training import step as step_lib
+
+    c = _config_for(config, position)
+    task = RandomTokens(int(c.model.vocab_size))
+    model, graphdef, state = _fresh_state(c)
+    buffer = steploop.AUTO_MAX if c.bench.steps_per_call == "auto" else int(c.bench.steps_per_call)
+    chunks = _Chunks(task, c, buffer)
     t = time.perf_counter()
-    state, metrics = train_step(graphdef, state, key)
+    state, metrics = chunks(graphdef, state, 1)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t
-    i = 0
+    k, state = _steps_per_call(c, chunks, graphdef, state)
+    single = None
+    if c.bench.one_per_call:
+        single = step_lib.train_step_fn(task, c)
+        _, graphdef1, state1 = _fresh_state(c)
+        root1 = jax.random.key(1)
+        state1, m = single(graphdef1, state1, root1)
+        jax.block_until_ready(m)
+        i1 = 0
     for r in range(rounds):
-        times = []
-        for n in range(int(c.bench.warmup) + int(c.bench.steps)):
+        state, metrics = chunks(graphdef, state, int(c.bench.warmup))
+        jax.block_until_ready(metrics)
+        times, calls = [], max(1, -(-int(c.bench.steps) // k))
+        t_round = time.perf_counter()
+        for _ in range(calls):
             t = time.perf_counter()
-            state, metrics = train_step(graphdef, state, jax.random.fold_in(key, i))
+            state, metrics = chunks(graphdef, state, k)
             jax.block_until_ready(metrics)
-            i += 1
-            if n >= int(c.bench.warmup):
-                times.append(time.perf_counter() - t)
+            times.append((time.perf_counter() - t) / k)
+        chunked_round = (time.perf_counter() - t_round) / (calls * k)
+        if single is not None:
+            t_round, pending = time.perf_counter(), []
+            for _ in range(calls * k):
+                state1, m = single(graphdef1, state1, jax.random.fold_in(root1, i1))
+                pending.append(m)
+                i1 += 1
+            jax.block_until_ready(pending)
+            one_round = (time.perf_counter() - t_round) / (calls * k)
         tokens = int(c.train.batch_size) * int(c.task.train_length)
-        tok_s = tokens / statistics.median(times)
+        step_s = statistics.median(times)
+        tok_s = tokens / step_s
         dev = chip()
         if dev["chip_bf16_peak_flops_per_s"]:  # model FLOP utilisation of the chip's bf16 peak
             dev["mfu"] = round(tok_s * _flops_per_token(model, c) / dev["chip_bf16_peak_flops_per_s"], 4)
         dev["dtype"] = _spec(c).dtype
-        yield dict(case=c.bench.case, position=position, round=r, train_tokens_per_s=round(tok_s, 1),
-                   step_s=round(statistics.median(times), 5),
+        row = dict(case=c.bench.case, position=position, round=r, train_tokens_per_s=round(tok_s, 1),
+                   step_s=round(step_s, 5), steps_per_call=k,
+                   step_s_spread=[round(min(times), 5), round(max(times), 5)],
                    model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
                    matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
-                   peak_rss_mb=round(peak_rss_mb(), 1), loss=round(float(metrics["loss"]), 4),
+                   peak_rss_mb=round(peak_rss_mb(), 1),
+                   loss=round(float(metrics["loss"][(k - 1)]), 4),
                    **dev, load_1min=round(os.getloadavg()[0], 2))
+        if single is not None:
+            row.update(step_s_one_per_call=round(one_round, 5), step_s_chunked_round=round(chunked_round, 5),
+                       one_per_call_over_chunked=round(one_round / chunked_round, 3))
+        yield row
 
 
 def _stats_in_step(task, config):
@@ -336,6 +426,17 @@ def main(argv):
         return
     positions = list(flags.FLAGS.positions) or list(config.bench.positions)
     case = config.bench.case
+    if case in ("quick_grids", "main"):
+        from experiments import bench_jobs
+
+        return (bench_jobs.quick_grids if case == "quick_grids" else bench_jobs.main_job)(config, _emit)
+    if config.bench.profile:
+        from experiments import bench_profile
+
+        for position in positions:
+            for row in bench_profile.profile(config, position, _fresh_state):
+                _emit(row)
+        return
     if config.bench.stats_ab:
         for position in positions:
             _emit(bench_stats_ab(config, position, int(config.bench.rounds)))

@@ -9,8 +9,9 @@ from absl import app, flags
 
 import experiments
 
-_CACHE = flags.DEFINE_string("jax_cache_dir", experiments.DEFAULT_CACHE_DIR,
-                             "JAX persistent compilation cache directory ('' = off).")
+_CACHE = flags.DEFINE_string("jax_cache_dir", experiments.default_cache_dir(),
+                             "JAX persistent compilation cache directory ('' = off; default "
+                             f"${experiments.CACHE_ENV} or the user cache directory).")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-process run: call jax.distributed.initialize() first (docs/multidevice.md).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,

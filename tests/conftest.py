@@ -17,3 +17,10 @@ settings.register_profile(
 settings.load_profile("posenc")
 
 import plugin_encodings  # noqa: E402,F401  (registers the test plugin encoding)
+
+# The persistent compilation cache of the entry points (experiments.default_cache_dir): a second
+# test run loads the train and evaluation programs instead of compiling them.
+# POSENC_JAX_CACHE_DIR= (empty) turns it off.
+import experiments  # noqa: E402
+
+experiments.enable_compilation_cache(experiments.default_cache_dir())

@@ -86,23 +86,22 @@ def test_workdir_with_another_config_is_refused(tmp_path):
 
 
 def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    real = step_lib.train_step_fn
-    calls = {"n": 0}
+    real = step_lib.train_chunk_fn
 
-    def poisoned(task, config, **kw):
-        fn = real(task, config, **kw)
+    def poisoned(task, config, buffer, **kw):
+        fn = real(task, config, buffer, **kw)
 
-        def step(graphdef, state, key):
-            state, metrics = fn(graphdef, state, key)
-            calls["n"] += 1
-            if calls["n"] >= 13:  # the 13th step diverges
-                metrics = dict(metrics, loss=metrics["loss"] * np.nan)
+        def chunk(graphdef, state, root, t0, n):
+            state, metrics = fn(graphdef, state, root, t0, n)
+            bad = int(t0) + np.arange(buffer) >= 12  # the 13th step diverges, and every later one
+            if bad[:int(n)].any():
+                metrics = dict(metrics, loss=np.where(bad, np.nan, metrics["loss"]))
                 state = jax.tree.map(lambda x: x * np.nan if x.dtype == np.float32 else x, state)
             return state, metrics
 
-        return step
+        return chunk
 
-    monkeypatch.setattr(step_lib, "train_step_fn", poisoned)
+    monkeypatch.setattr(step_lib, "train_chunk_fn", poisoned)
     with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10") as e:
         loop.run(tiny(), str(tmp_path))
     assert e.value.step == 13
@@ -140,6 +139,7 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
         raise AssertionError("a complete run was trained again")
 
     monkeypatch.setattr(step_lib, "train_step_fn", no_training)
+    monkeypatch.setattr(step_lib, "train_chunk_fn", no_training)
     again = experiments.run("compare", c, str(tmp_path))
     assert again == rows
     assert len(results.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4

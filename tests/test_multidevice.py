@@ -89,6 +89,24 @@ def _train_steps(config, steps):
     return losses, state
 
 
+def _train_chunk(config, steps):
+    """``steps`` steps in one call of the jitted chunk on the mesh; (losses, final state)."""
+    import jax
+
+    from posenc.training import loop, setup, sharding
+    from posenc.training import step as step_lib
+
+    r = setup.resolve(config)
+    graphdef, state = _fresh_state(r)
+    mesh = sharding.mesh_or_none(r.config)
+    state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(r.config))
+    fn = step_lib.train_chunk_fn(r.task, r.config, steps + 1, mesh=mesh)
+    root = sharding.replicate(loop.data_root(r.config), mesh)
+    state, metrics = fn(graphdef, state, root, sharding.replicate(np.int32(0), mesh),
+                        sharding.replicate(np.int32(steps), mesh))
+    return [float(x) for x in jax.device_get(metrics["loss"])[:steps]], state
+
+
 def _restore(config, directory):
     """The newest checkpoint in ``directory`` restored into this process's (sharded) state."""
     from posenc.training import sharding
@@ -120,6 +138,13 @@ def worker_four(out):
         losses, state = _train_steps(_config(fsdp), PARITY_STEPS)
         report[f"{name}_losses"] = losses
         np.savez(os.path.join(out, f"{name}.npz"), **_leaves(state))
+        # the same steps in one compiled call: bit-identical, sharded alike
+        chunk_losses, chunk_state = _train_chunk(_config(fsdp), PARITY_STEPS)
+        report[f"{name}_chunk_identical"] = chunk_losses == losses and all(
+            np.array_equal(a, b) for a, b in zip(_leaves(state).values(), _leaves(chunk_state).values()))
+        report[f"{name}_chunk_specs_same"] = all(
+            str(a.sharding.spec) == str(b.sharding.spec)
+            for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(chunk_state)))
         report[f"{name}_specs"] = {k: str(getattr(x.sharding, "spec", None))
                                    for k, x in ((jax.tree_util.keystr(p), x)
                                                 for p, x in jax.tree.leaves_with_path(state))}
@@ -226,6 +251,9 @@ def test_data_parallel_matches_one_device(runs):
     _assert_states_close(out / "dp.npz", out / "one.npz")
     # data parallel: every array replicated
     assert set(four["dp_specs"].values()) == {S()}
+    # k steps per compiled call on the mesh: the single steps' results, bit for bit
+    assert four["dp_chunk_identical"] and four["fsdp_chunk_identical"]
+    assert four["dp_chunk_specs_same"] and four["fsdp_chunk_specs_same"]
 
 
 def test_fsdp_matches_one_device_and_shards_parameters(runs):

@@ -103,20 +103,21 @@ def test_killed_group_resumes_exactly_and_mixed_starts(tmp_path, together):
 
 
 def test_one_diverging_seed_keeps_the_others(tmp_path, monkeypatch, separate):
-    real = step_lib.seeds_train_step_fn
+    real = step_lib.seeds_train_chunk_fn
 
-    def poisoned(task, c, **kw):
-        fn = real(task, c, **kw)
+    def poisoned(task, c, buffer, **kw):
+        fn = real(task, c, buffer, **kw)
 
-        def step(graphdef, states, roots, t):
-            states, metrics = fn(graphdef, states, roots, t)
-            if int(t) >= 1 and roots.shape[0] == 2:  # seed 1 (second) goes NaN at step 2
-                metrics = dict(metrics, loss=metrics["loss"].at[1].set(np.nan))
+        def chunk(graphdef, states, roots, t0, n):
+            states, metrics = fn(graphdef, states, roots, t0, n)
+            if roots.shape[0] == 2:  # seed 1 (second) goes NaN at step 2 (0-based 1) and after
+                bad = int(t0) + np.arange(buffer) >= 1
+                metrics = dict(metrics, loss=metrics["loss"].at[bad, 1].set(np.nan))
             return states, metrics
 
-        return step
+        return chunk
 
-    monkeypatch.setattr(step_lib, "seeds_train_step_fn", poisoned)
+    monkeypatch.setattr(step_lib, "seeds_train_chunk_fn", poisoned)
     dirs = [str(tmp_path / f"s{s}") for s in (0, 1)]
     outs = multiseed.run_seeds([config(0), config(1)], dirs)
     assert isinstance(outs[1], loop.NonFiniteError) and outs[1].step == 2

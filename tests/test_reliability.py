@@ -85,11 +85,12 @@ def run(config, workdir, **kw):
         current[0] = "grid"
 loop.run = run
 
-real_step = loop._Trainer.step
-def step(self, t, stats):
-    mark("step", t + 1)
-    return real_step(self, t, stats)
-loop._Trainer.step = step
+real_steps = loop._Trainer.steps
+def steps(self, t, n):  # one call trains steps t + 1 .. t + n (1-based): each is announced
+    for s in range(t + 1, t + n + 1):
+        mark("step", s)
+    return real_steps(self, t, n)
+loop._Trainer.steps = steps
 
 real_eval = evaluate.evaluate_length
 def evaluate_length(model, task, config, spec, length, **kw):

@@ -6,7 +6,13 @@ example at the largest problem size that fits) drawn from keys
 windows, below): the same evaluation set for every run, independent of
 training. Each length is one static shape, so it
 compiles once per process (the model switches to blocked attention for long
-sequences by itself). Models with randomized positions are evaluated with
+sequences by itself), and runs as one compiled call: every batch and row
+chunk inside one loop (``eval_step.eval_length_fn``), so a length costs one
+dispatch. The program is shared by every model of the graph: the seeds of a
+grid cell, the fit checks and the final evaluation at the training length.
+:func:`evaluate_seeds` evaluates S models of one graph (a cell's seeds) in
+one ``jax.vmap``-ed call per length. An evaluation variant is a graph of its
+own (encoding options are static), so it compiles its own programs. Models with randomized positions are evaluated with
 randomized positions as well (Ruoss et al. 2023), seeded the same way.
 
 Memory is bounded by a token budget: a batch runs in row chunks of at most
@@ -50,6 +56,7 @@ the task as configured, which are exactly those of a task without a sweep.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -57,7 +64,7 @@ from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
 from posenc.training import setup
 from posenc.training import sharding as sharding_lib
-from posenc.training import step as step_lib
+from posenc.training import eval_step as eval_lib
 
 
 def not_applicable(config, spec, length: int) -> str | None:
@@ -114,35 +121,24 @@ def _last_l(totals, length: int, last: int) -> dict:
             "perplexity_last_L": None if value is None else float(np.exp(value))}
 
 
-def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dict:
-    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ the text measures)."""
-    reason = not_applicable(config, spec, length)
-    if reason is not None:
-        return {"eval_length": int(length), "loss": None, "accuracy": None, "exact_match": None,
-                "not_applicable": reason}
+def _not_applicable_row(length: int, reason: str) -> dict:
+    return {"eval_length": int(length), "loss": None, "accuracy": None, "exact_match": None,
+            "not_applicable": reason}
+
+
+def _setup(task, config, length: int, devices: int):
+    """``(batch_size, rows, num_batches, per_position, sequential)`` of evaluating at ``length``."""
     per_position = config.task.name == "text"
     sequential = hasattr(task, "sequential_batch")
     batch_size = int(config.eval.batch_size)
-    devices = 1 if mesh is None else mesh.size
     rows = rows_per_step(batch_size, int(length), int(config.eval.get("max_tokens_per_step", 0)),
                          devices)
-    fn = step_lib.eval_step_fn(task, config, int(length), batch_size, rows=rows,
-                               per_position=per_position, sequential=sequential, mesh=mesh)
-    graphdef, state = nnx.split(model)
-    if mesh is not None:  # a no-op for arrays already placed; places fresh ones (variant models)
-        state = sharding_lib.shard_state(state, mesh, fsdp=sharding_lib.fsdp_enabled(config))
-    root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
-    totals = None
-    for i in range(_num_batches(task, config, int(length), batch_size, sequential)):
-        key = jax.random.fold_in(root, i)
-        index = (np.int32(i),) if sequential else ()
-        if mesh is not None:
-            key = sharding_lib.replicate(key, mesh)
-            index = tuple(sharding_lib.replicate(x, mesh) for x in index)
-        for chunk in range(batch_size // rows):
-            out = fn(graphdef, state, key, chunk, *index)
-            totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
-    totals = jax.device_get(totals)
+    return batch_size, rows, _num_batches(task, config, int(length), batch_size, sequential), \
+        per_position, sequential
+
+
+def _row(totals, task, config, length: int, rows: int, per_position: bool, sequential: bool) -> dict:
+    """The row of one model's summed statistics (host arrays) at ``length``."""
     denom = max(float(totals["mask_sum"]), 1.0)
     row = {
         "eval_length": int(length),
@@ -162,6 +158,59 @@ def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dic
                                         np.asarray(totals["position_mask"]),
                                         int(config.eval.position_buckets))
     return row
+
+
+def _root(config, length: int):
+    return jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
+
+
+def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dict:
+    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ the text measures).
+
+    Every batch and row chunk runs in one compiled call (``eval_step.eval_length_fn``).
+    """
+    reason = not_applicable(config, spec, length)
+    if reason is not None:
+        return _not_applicable_row(length, reason)
+    devices = 1 if mesh is None else mesh.size
+    batch_size, rows, num_batches, per_position, sequential = _setup(task, config, length, devices)
+    fn = eval_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
+                                 per_position=per_position, sequential=sequential, mesh=mesh)
+    graphdef, state = nnx.split(model)
+    root = _root(config, length)
+    if mesh is not None:  # a no-op for arrays already placed; places fresh ones (variant models)
+        state = sharding_lib.shard_state(state, mesh, fsdp=sharding_lib.fsdp_enabled(config))
+        root = sharding_lib.replicate(root, mesh)
+    totals = jax.device_get(fn(graphdef, state, root))
+    return _row(totals, task, config, length, rows, per_position, sequential)
+
+
+def split_params(models):
+    """``(graphdef, params, rest)`` of models of one graph: their ``nnx.Param`` states stacked [S].
+
+    ``rest`` (RNG streams) is the first model's: the deterministic forward never draws from it.
+    """
+    parts = [nnx.split(m, nnx.Param, ...) for m in models]
+    params = jax.tree.map(lambda *xs: jnp.stack(xs), *[p for _, p, _ in parts])
+    return parts[0][0], params, parts[0][2]
+
+
+def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: int) -> list[dict]:
+    """:func:`evaluate_length` of S models at once: ``params`` stacked [S] (:func:`split_params`).
+
+    One compiled, ``jax.vmap``-ed call (one device); returns one row per model, each equal to
+    its own :func:`evaluate_length` up to float32 rounding (batched matmuls).
+    """
+    size = jax.tree.leaves(params)[0].shape[0]
+    reason = not_applicable(config, spec, length)
+    if reason is not None:
+        return [_not_applicable_row(length, reason) for _ in range(size)]
+    batch_size, rows, num_batches, per_position, sequential = _setup(task, config, length, 1)
+    fn = eval_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
+                                 per_position=per_position, sequential=sequential, seeds=True)
+    totals = jax.device_get(fn(graphdef, params, rest, _root(config, length)))
+    return [_row(jax.tree.map(lambda x: x[j], totals), task, config, length, rows, per_position,
+                 sequential) for j in range(size)]
 
 
 def sweep_points(config, task) -> list:
@@ -185,6 +234,45 @@ def variant_model(model, spec):
     return other
 
 
+def _plan(resolved, lengths):
+    """``[(eval_variant, sweep, config, task, spec, length)]``: every row :func:`evaluate` gives, in order."""
+    config, task = resolved.config, resolved.task
+    lengths = tuple(config.eval.lengths) if lengths is None else tuple(lengths)
+    variants = [(None, config, resolved.spec)] + [(n, c, s) for n, (c, s) in resolved.eval_variants.items()]
+    plan = [(name, None, vconfig, task, vspec, int(n)) for name, vconfig, vspec in variants for n in lengths]
+    for name, vconfig, vspec in variants:
+        for sweep, pconfig, ptask in sweep_points(vconfig, task):
+            plan += [(name, sweep, pconfig, ptask, vspec, int(n)) for n in lengths]
+    return plan
+
+
+def _labelled(row, name, sweep):
+    return dict(row, eval_variant=name) if sweep is None else dict(row, eval_variant=name, sweep=sweep)
+
+
+def evaluate_seeds(models, resolved, lengths=None) -> list[list[dict]]:
+    """:func:`evaluate` of S models of one graph (a grid cell's seeds), all of them in each call.
+
+    ``resolved``: the seeds' common config (they differ only in ``train.seed``,
+    which evaluation does not read). Returns each model's rows, in
+    :func:`evaluate`'s order; one device.
+    """
+    graphdef, params, rest = split_params(models)
+    parts = {None: (graphdef, params, rest)}
+    tree = jax.tree.structure(nnx.state(models[0], nnx.Param))
+    for name, (_, vspec) in resolved.eval_variants.items():
+        g, own, r = nnx.split(Decoder(vspec, rngs=nnx.Rngs(0)), nnx.Param, ...)
+        # the variant takes the trained parameters as they are (variant_model), unless it has others
+        parts[name] = ((g, params, r) if jax.tree.structure(own) == tree
+                       else split_params([variant_model(m, vspec) for m in models]))
+    out = [[] for _ in models]
+    for name, sweep, config, task, spec, n in _plan(resolved, lengths):
+        g, p, r = parts[name]
+        for rows, row in zip(out, evaluate_length_seeds(g, p, r, task, config, spec, n)):
+            rows.append(_labelled(row, name, sweep))
+    return out
+
+
 def evaluate(model, resolved, lengths=None, *, mesh=None) -> list[dict]:
     """:func:`evaluate_length` at each length, for the model and each evaluation variant (+ sweeps).
 
@@ -192,18 +280,7 @@ def evaluate(model, resolved, lengths=None, *, mesh=None) -> list[dict]:
     variant carry ``eval_variant`` (None for the model as trained); rows of
     a sweep point carry ``sweep`` (module docstring).
     """
-    config, task = resolved.config, resolved.task
-    lengths = tuple(config.eval.lengths) if lengths is None else tuple(lengths)
-    models = [(None, config, resolved.spec, model)] + [
-        (n, c, s, variant_model(model, s)) for n, (c, s) in resolved.eval_variants.items()]
-    rows = []
-    for name, vconfig, vspec, m in models:
-        for n in lengths:
-            rows.append(dict(evaluate_length(m, task, vconfig, vspec, int(n), mesh=mesh),
-                             eval_variant=name))
-    for name, vconfig, vspec, m in models:
-        for sweep, pconfig, ptask in sweep_points(vconfig, task):
-            for n in lengths:
-                rows.append(dict(evaluate_length(m, ptask, pconfig, vspec, int(n), mesh=mesh),
-                                 eval_variant=name, sweep=sweep))
-    return rows
+    models = {None: model}
+    models.update((n, variant_model(model, s)) for n, (_, s) in resolved.eval_variants.items())
+    return [_labelled(evaluate_length(models[name], task, config, spec, n, mesh=mesh), name, sweep)
+            for name, sweep, config, task, spec, n in _plan(resolved, lengths)]

@@ -58,16 +58,19 @@ def write_rows(workdir: str, rows: list[dict]) -> None:
 
 
 def finish(model, resolved, workdir: str, *, name: str | None, record: records.CheckpointRecord,
-           steps_trained: int, mesh=None, **extra) -> list[dict]:
+           steps_trained: int, mesh=None, evals=None, eval_seconds=None, **extra) -> list[dict]:
     """Evaluate the trained ``model`` at every eval length (and variant) and write its rows.
 
     ``record``: the run's last checkpoint record (train metrics, seconds, fit
-    state); ``extra`` fields are added to every row.
+    state); ``extra`` fields are added to every row. ``evals`` (with
+    ``eval_seconds``): the model's rows of ``evaluate.evaluate``, already
+    computed (seeds evaluated together).
     """
     config = resolved.config
-    t1 = time.time()
-    evals = evaluate_lib.evaluate(model, resolved, mesh=mesh)
-    eval_seconds = time.time() - t1
+    if evals is None:
+        t1 = time.time()
+        evals = evaluate_lib.evaluate(model, resolved, mesh=mesh)
+        eval_seconds = time.time() - t1
     fit = record.fit
     fitting = float(config.train.fit_accuracy) > 0
     train_seconds = record.train_seconds

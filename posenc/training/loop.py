@@ -11,7 +11,8 @@
      rows are returned;
   3. the newest checkpoint (parameters, optimizer state, step, record) is
      restored if any, and :func:`posenc.training.steploop.train` runs the
-     jitted step to ``train.steps``; the batch of step ``t`` comes from
+     jitted steps to ``train.steps``, ``train.steps_per_call`` of them per
+     compiled call (bit-identical to one per call); the batch of step ``t`` comes from
      ``fold_in(fold_in(key(seed), DATA_STREAM), t)``, so a resumed run sees
      exactly the data of an uninterrupted one and ends with identical
      parameters and metrics;
@@ -41,6 +42,7 @@ import logging as py_logging
 import time
 
 import jax
+import numpy as np
 from absl import logging
 from flax import nnx
 
@@ -82,11 +84,17 @@ def check_fit(resolved, graphdef, state, fit: records.FitState, s: int, *, mesh=
     model, _ = nnx.merge(graphdef, state)
     row = evaluate_lib.evaluate_length(model, resolved.task, config, resolved.spec,
                                        int(config.task.train_length), mesh=mesh)
-    fit.accuracy, fit.checked_at = row["accuracy"], s
-    if row["accuracy"] is not None and row["accuracy"] >= float(config.train.fit_accuracy):
+    return record_fit(resolved, fit, s, row["accuracy"])
+
+
+def record_fit(resolved, fit: records.FitState, s: int, accuracy) -> bool:
+    """Note the fit check of step ``s`` (validation ``accuracy`` at the training length) in ``fit``."""
+    target = float(resolved.config.train.fit_accuracy)
+    fit.accuracy, fit.checked_at = accuracy, s
+    if accuracy is not None and accuracy >= target:
         fit.fitted, fit.steps_to_fit = True, s
         logging.info("fitted at step %d: validation accuracy %.4f >= train.fit_accuracy %.4f", s,
-                     row["accuracy"], float(config.train.fit_accuracy))
+                     accuracy, target)
     return fit.fitted
 
 
@@ -96,21 +104,26 @@ class _Trainer:
     def __init__(self, resolved, graphdef, state, book, *, mesh, bar):
         self.resolved, self.graphdef, self.state, self.book = resolved, graphdef, state, book
         self.mesh, self.bar = mesh, bar
-        self.root = data_root(resolved.config)
-        self.train_step = step_lib.train_step_fn(resolved.task, resolved.config, mesh=mesh)
-        self.stats = step_lib.stats_fn(resolved.task, resolved.config, mesh=mesh)
+        self.root = self._placed(data_root(resolved.config))
+        self.chunk = step_lib.train_chunk_fn(resolved.task, resolved.config,
+                                             steploop.buffer_size(resolved.config), mesh=mesh)
+        self.stats_fn = step_lib.stats_fn(resolved.task, resolved.config, mesh=mesh)
         self.t0, self.seconds0 = time.time(), book.record.train_seconds
+
+    def _placed(self, x):
+        return x if self.mesh is None else sharding_lib.replicate(x, self.mesh)
 
     def seconds(self) -> float:
         return self.seconds0 + time.time() - self.t0
 
-    def step(self, t, stats):
+    def steps(self, t, n):
+        self.state, metrics = self.chunk(self.graphdef, self.state, self.root,
+                                         self._placed(np.int32(t)), self._placed(np.int32(n)))
+        return metrics
+
+    def stats(self, t):
         key = jax.random.fold_in(self.root, t)
-        if self.mesh is not None:
-            key = sharding_lib.replicate(key, self.mesh)
-        extra = self.stats(self.graphdef, self.state, key) if stats else {}
-        self.state, metrics = self.train_step(self.graphdef, self.state, key)
-        return {**metrics, **extra}
+        return self.stats_fn(self.graphdef, self.state, self._placed(key))
 
     def boundary(self, s, fetched, at):
         book = self.book

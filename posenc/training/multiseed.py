@@ -3,8 +3,13 @@
 ``run_seeds(configs, workdirs)`` does what ``loop.run(config, workdir)``
 does for each config, for configs that differ only in ``train.seed``: the S
 ``(model, optimizer)`` states (same graph) are stacked on a leading axis and
-trained by one ``jax.vmap`` of the train step (``step.seeds_train_step_fn``)
-through the same step loop as a single run (:mod:`~posenc.training.steploop`).
+trained by one ``jax.vmap`` of the train step (``step.seeds_train_chunk_fn``:
+``train.steps_per_call`` vmapped steps per compiled call) through the same
+step loop as a single run (:mod:`~posenc.training.steploop`). Fit checks and
+the final evaluation run the seeds together too
+(``evaluate.evaluate_length_seeds``, ``evaluate.evaluate_seeds``: one
+vmapped call per length), the stack padded to the group's size so that a
+seed leaving it does not recompile them.
 Seed ``i`` starts from ``nnx.Rngs(seed_i)`` and trains on the data keys of
 its own run, so its metrics, checkpoints and results equal those of
 ``loop.run`` up to float32 rounding (batched matmuls may sum in another
@@ -37,9 +42,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 from flax import nnx
 
+from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
 from posenc.training import loop, records, results, setup, steploop
 from posenc.training import progress as progress_lib
@@ -130,14 +137,31 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
                 out[r.index] = e
             continue
         _train_group(group, graphdef, start, max_steps_this_run, main)
+        _finish_group(group)
         for r in group:
-            if r.result is None and r.state is not None:
-                nnx.update((r.model, r.optimizer), r.state)
-                r.result = finish_lib.finish(r.model, r.resolved, r.workdir, name=r.name,
-                                             record=r.book.record, steps_trained=r.steps_trained,
-                                             seeds_trained_together=len(group))
             out[r.index] = r.result
     return out
+
+
+def _finish_group(group) -> None:
+    """Evaluate the group's trained seeds together (vmapped, one call per length) and write their rows.
+
+    The stack is padded to the group's size, as in the fit checks, so that
+    the evaluation at the training length reuses their compiled program.
+    """
+    done = [r for r in group if r.result is None and r.state is not None]
+    if not done:
+        return
+    for r in done:
+        nnx.update((r.model, r.optimizer), r.state)
+    t0 = time.time()
+    models = [r.model for r in done] + [done[0].model] * (len(group) - len(done))
+    evals = evaluate_lib.evaluate_seeds(models, done[0].resolved)
+    seconds = time.time() - t0
+    for r, rows in zip(done, evals):
+        r.result = finish_lib.finish(r.model, r.resolved, r.workdir, name=r.name, record=r.book.record,
+                                     steps_trained=r.steps_trained, evals=rows, eval_seconds=seconds,
+                                     seeds_trained_together=len(group))
 
 
 class _GroupTrainer:
@@ -146,22 +170,43 @@ class _GroupTrainer:
     def __init__(self, group, graphdef, *, bar):
         first = group[0].resolved
         self.active, self.graphdef, self.bar = list(group), graphdef, bar
+        self.size = len(group)
         self.state = _stack([r.state for r in self.active])
         for r in self.active:
             r.state = None
         self.roots = jnp.stack([loop.data_root(r.resolved.config) for r in self.active])
-        self.train_step = step_lib.seeds_train_step_fn(first.task, first.config)
-        self.stats = step_lib.seeds_stats_fn(first.task, first.config)
+        self.chunk = step_lib.seeds_train_chunk_fn(first.task, first.config,
+                                                   steploop.buffer_size(first.config))
+        self.stats_fn = step_lib.seeds_stats_fn(first.task, first.config)
         self.t0 = time.time()
         self.seconds0 = {r.index: r.book.record.train_seconds for r in group}  # restored time
 
-    def step(self, t, stats):
-        t = jnp.int32(t)
-        extra = self.stats(self.graphdef, self.state, self.roots, t) if stats else {}
-        self.state, metrics = self.train_step(self.graphdef, self.state, self.roots, t)
-        return {**metrics, **extra}
+    def steps(self, t, n):
+        self.state, metrics = self.chunk(self.graphdef, self.state, self.roots, np.int32(t), np.int32(n))
+        return metrics
+
+    def stats(self, t):
+        return self.stats_fn(self.graphdef, self.state, self.roots, jnp.int32(t))
+
+    def _fit_accuracies(self) -> list:
+        """Validation accuracy at the training length of every active seed, in one vmapped call.
+
+        The stack is padded to the group's size (repeating its first seed), so
+        every check of the group runs the same compiled program.
+        """
+        resolved = self.active[0].resolved
+        model, _ = nnx.merge(self.graphdef, self.state)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        active = len(self.active)
+        if active < self.size:
+            params = _take(params, jnp.asarray(list(range(active)) + [0] * (self.size - active)))
+        rows = evaluate_lib.evaluate_length_seeds(graphdef, params, _take(rest, 0), resolved.task,
+                                                  resolved.config, resolved.spec,
+                                                  int(resolved.config.task.train_length))
+        return [row["accuracy"] for row in rows[:active]]
 
     def boundary(self, s, fetched, at):
+        accuracies = self._fit_accuracies() if at.fit else None
         keep = []
         for j, r in enumerate(self.active):
             try:
@@ -175,7 +220,7 @@ class _GroupTrainer:
                 if self.bar is not None and j == 0:
                     self.bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
             mine = _take(self.state, j)
-            fitted = at.fit and loop.check_fit(r.resolved, self.graphdef, mine, r.book.record.fit, s)
+            fitted = at.fit and loop.record_fit(r.resolved, r.book.record.fit, s, accuracies[j])
             if at.checkpoint or fitted:
                 r.book.save(s, mine, self.seconds0[r.index] + time.time() - self.t0)
             if fitted:

@@ -28,6 +28,7 @@ VOLATILE_FIELDS = (
     "workdir", "name", "mesh",  # the device layout is not the experiment
     "train.checkpoint_every", "train.keep_checkpoints", "train.log_every",
     "train.tensorboard", "train.progress", "train.max_steps_this_run",
+    "train.steps_per_call",  # bit-identical results for every value: only the speed changes
 )
 
 

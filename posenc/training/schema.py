@@ -41,6 +41,12 @@ def _lengths(name, value) -> tuple[int, ...]:
     return tuple(int(n) for n in lengths)
 
 
+def _steps_per_call(name, value):
+    from posenc.training import steploop
+
+    return steploop.check_steps_per_call(value)  # its message names train.steps_per_call
+
+
 def _task_name(name, value) -> str:
     from posenc import tasks
 
@@ -84,6 +90,9 @@ class Train(Section):
     eps = Field(1e-9, o.positive, "Adam epsilon")
     z_loss = Field(0.0, o.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
     seed = Field(0, o.nonnegative_int, "model init and data keys")
+    steps_per_call = Field("auto", lambda n, v: _steps_per_call(n, v), "training steps per compiled call "
+                           "(an integer >= 1, or auto: from a measured step time; the same results)",
+                           type=object)
     fit_accuracy = Field(0.0, _unit, "> 0: stop once validation accuracy at the training length reaches it")
     fit_check_every = Field(250, o.positive_int, "steps between fit checks (with fit_accuracy > 0)")
     log_every = Field(250, o.positive_int, "steps between train_log.jsonl rows")

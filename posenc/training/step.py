@@ -1,4 +1,4 @@
-"""Jitted functional train and eval steps.
+"""Jitted functional train steps (one step, k steps per call, seeds vmapped) and diagnostics.
 
 The model and optimizer are split once, ``graphdef, state =
 nnx.split((model, optimizer))``; each step is a ``jax.jit`` function of
@@ -21,6 +21,11 @@ generated batch and positions are constrained to ``P("data")`` and the new
 state to the shardings it came in with; without one the step is exactly
 the single-device step. ``seeds_train_step_fn`` is the same step
 ``jax.vmap``-ed over the stacked states of several seeds (one device).
+
+The step loop (:mod:`posenc.training.steploop`) calls :func:`train_chunk_fn`
+(and :func:`seeds_train_chunk_fn`): up to k steps inside one compiled
+``lax.fori_loop``, bit-identical to k calls of the single step. The
+evaluation programs are in :mod:`posenc.training.eval_step` (same cache).
 
 Losses (masked to answer tokens, ``m``):
   loss = sum(m * CE(logits, targets)) / sum(m)
@@ -240,69 +245,71 @@ def seeds_stats_fn(task, config):
     return _CACHE[cache_key]
 
 
-def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
-                 per_position: bool = False, sequential: bool = False, mesh=None):
-    """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
+def _chunked(step_t, buffer: int):
+    """``chunk(graphdef, state, data, t0, n) -> (state, metrics)``: ``n`` <= ``buffer`` steps in one program.
 
-    The batch of ``key`` has ``batch_size`` examples; one call runs the model
-    on its rows ``[chunk * rows, (chunk + 1) * rows)`` only (``rows`` divides
-    ``batch_size``; default all), so evaluation memory follows ``rows *
-    length`` while the examples stay those of the whole batch. Returns summed
-    statistics (so chunks and batches add up exactly): loss_sum,
-    correct_sum, mask_sum, exact_sum, examples; with ``per_position`` also
-    ``position_loss`` [L] and ``position_mask`` [L] (sums over the rows).
-    With ``mesh`` the rows are sharded over its devices (ValueError if
-    ``rows`` does not divide over them). With ``sequential`` (a task with
-    ``sequential_batch``, e.g. text) the step is ``step(graphdef, state, key,
-    chunk, index)``: the batch is the task's held-out batch ``index``
-    (consecutive windows) and ``key`` only draws randomized positions.
+    ``step_t(graphdef, state, data, t) -> (state, metrics)`` is one train step
+    at (traced, 0-based) step ``t``. The steps run in a ``lax.fori_loop``
+    whose trip count ``n`` is an argument, so every chunk length up to
+    ``buffer`` shares one compiled program; metrics are stacked into a
+    leading axis of ``buffer`` rows, rows ``n ..`` left zero. Each step is
+    the same computation as one step per call (same key, schedule step and
+    state), so the results are bit-identical.
     """
-    pos = config.model.position
-    rows = int(batch_size if rows is None else rows)
-    if batch_size % rows:
-        raise ValueError(f"rows {rows} must divide the eval batch size {batch_size}")
-    sharding_lib.check_batch_size(rows, mesh, name="eval rows per step")
-    cache_key = ("eval", _task_key(config), int(length), int(batch_size), rows, bool(per_position),
-                 bool(sequential), bool(pos.randomized), int(pos.randomized_max_position),
-                 pos.get("randomized_per", "batch"), mesh)
-    if cache_key in _CACHE:
-        return _CACHE[cache_key]
 
-    def step(graphdef, state, key, chunk, index=None):
-        model = nnx.merge(graphdef, state)
-        if sequential:
-            batch = task.sequential_batch(index, batch_size, length, split="eval")
-            positions = positions_for(config, jax.random.split(key)[1], batch_size, length)
-        else:
-            batch, positions = _batch(task, config, key, batch_size, length, split="eval")
-        if rows < batch_size:
-            def take(x):
-                return jax.lax.dynamic_slice_in_dim(x, chunk * rows, rows, axis=0)
+    def chunk(graphdef, state, data, t0, n):
+        t0, n = jnp.asarray(t0, jnp.int32), jnp.asarray(n, jnp.int32)
+        shapes = jax.eval_shape(lambda s: step_t(graphdef, s, data, t0)[1], state)
+        rows = jax.tree.map(lambda x: jnp.zeros((buffer, *x.shape), x.dtype), shapes)
 
-            batch = jax.tree.map(take, batch)
-            if positions is not None and positions.ndim == 2:
-                positions = take(positions)
-        if mesh is not None:
-            batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
-        logits = model(batch["inputs"], positions, deterministic=True)
-        mask, ce, correct, has_answer, right = _token_terms(logits, batch["targets"], batch["mask"])
-        out = {
-            "loss_sum": (ce * mask).sum(),
-            "correct_sum": (correct * mask).sum(),
-            "mask_sum": mask.sum(),
-            "exact_sum": right.sum().astype(jnp.float32),
-            "examples": has_answer.sum().astype(jnp.float32),
-        }
-        if per_position:
-            out["position_loss"] = (ce * mask).sum(0)
-            out["position_mask"] = mask.sum(0)
-        return out
+        def body(i, carry):
+            state, rows = carry
+            state, metrics = step_t(graphdef, state, data, t0 + i)
+            rows = jax.tree.map(lambda r, x: jax.lax.dynamic_update_index_in_dim(r, x, i, 0),
+                                rows, metrics)
+            return state, rows
 
-    fn = jax.jit(step)
-    _CACHE[cache_key] = fn
-    return fn
+        return jax.lax.fori_loop(0, n, body, (state, rows))
+
+    return chunk
+
+
+def train_chunk_fn(task, config, buffer: int, *, mesh=None):
+    """``chunk(graphdef, state, root, t0, n) -> (state, metrics)``: train steps ``t0 .. t0 + n - 1``.
+
+    Step ``t`` is :func:`train_step_fn`'s step on key ``fold_in(root, t)``,
+    run inside one jitted loop (``n`` <= ``buffer``, traced: one compile for
+    every chunk length); ``state`` is donated; each metric is stacked to
+    [buffer] (rows past ``n`` are zero). Bit-identical to ``n`` calls of
+    :func:`train_step_fn`. With ``mesh``, ``state``, ``root``, ``t0`` and
+    ``n`` must already be placed on it (``sharding.replicate``).
+    """
+    buffer = int(buffer)
+    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
+    fsdp = sharding_lib.fsdp_enabled(config)
+    cache_key = ("chunk", buffer, *_train_key(config, mesh, fsdp))
+    if cache_key not in _CACHE:
+        step = _train_step(task, config, mesh=mesh, fsdp=fsdp)
+        chunk = _chunked(lambda g, s, root, t: step(g, s, jax.random.fold_in(root, t)), buffer)
+        _CACHE[cache_key] = jax.jit(chunk, donate_argnums=(1,))
+    return _CACHE[cache_key]
+
+
+def seeds_train_chunk_fn(task, config, buffer: int):
+    """``chunk(graphdef, states, roots, t0, n) -> (states, metrics)``: :func:`train_chunk_fn` of S seeds.
+
+    The step is :func:`seeds_train_step_fn`'s (vmapped over the stacked
+    ``states`` and the data keys ``roots`` [S]); metrics are [buffer, S].
+    """
+    buffer = int(buffer)
+    cache_key = ("seeds_chunk", buffer, *_train_key(config, None, False))
+    if cache_key not in _CACHE:
+        step = jax.vmap(_train_step(task, config), in_axes=(None, 0, 0))
+        chunk = _chunked(lambda g, s, roots, t: step(g, s, _seed_keys(roots, t)), buffer)
+        _CACHE[cache_key] = jax.jit(chunk, donate_argnums=(1,))
+    return _CACHE[cache_key]
 
 
 def clear_cache() -> None:
-    """Forget cached jitted steps (e.g. between unrelated experiments)."""
+    """Forget cached jitted steps, train and eval (e.g. between unrelated experiments)."""
     _CACHE.clear()

@@ -1,0 +1,164 @@
+"""Jitted evaluation programs: one (batch, row chunk) per call, or a whole length per call.
+
+:func:`eval_step_fn` runs the model on rows ``[chunk * rows, (chunk + 1) *
+rows)`` of one evaluation batch; :func:`eval_length_fn` runs every batch and
+chunk of a length inside one compiled loop (one model, or S models of one
+graph vmapped over their stacked parameters). Both return summed
+statistics, so chunks, batches and calls add up exactly. Programs are cached
+beside the train steps (``step.clear_cache`` forgets both).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc.training import sharding as sharding_lib
+from posenc.training.step import _CACHE, _batch, _task_key, _token_terms, positions_for
+
+
+def eval_batch(task, config, key, batch_size: int, length: int):
+    """``(batch, positions)``: the evaluation batch of ``key`` (``split="eval"``), as evaluation draws it."""
+    return _batch(task, config, key, int(batch_size), int(length), split="eval")
+
+
+def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh):
+    pos = config.model.position
+    return (_task_key(config), int(length), int(batch_size), int(rows), bool(per_position),
+            bool(sequential), bool(pos.randomized), int(pos.randomized_max_position),
+            pos.get("randomized_per", "batch"), mesh)
+
+
+def _eval_parts(task, config, length, batch_size, rows, per_position, sequential, mesh):
+    """``(batch_of(key, index), rows_of(batch, positions, chunk), sums(model, batch, positions))``."""
+
+    def batch_of(key, index):
+        if sequential:
+            batch = task.sequential_batch(index, batch_size, length, split="eval")
+            return batch, positions_for(config, jax.random.split(key)[1], batch_size, length)
+        return _batch(task, config, key, batch_size, length, split="eval")
+
+    def rows_of(batch, positions, chunk):
+        if rows < batch_size:
+            def take(x):
+                return jax.lax.dynamic_slice_in_dim(x, chunk * rows, rows, axis=0)
+
+            batch = jax.tree.map(take, batch)
+            if positions is not None and positions.ndim == 2:
+                positions = take(positions)
+        if mesh is not None:
+            batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
+        return batch, positions
+
+    def sums(model, batch, positions):
+        logits = model(batch["inputs"], positions, deterministic=True)
+        mask, ce, correct, has_answer, right = _token_terms(logits, batch["targets"], batch["mask"])
+        out = {
+            "loss_sum": (ce * mask).sum(),
+            "correct_sum": (correct * mask).sum(),
+            "mask_sum": mask.sum(),
+            "exact_sum": right.sum().astype(jnp.float32),
+            "examples": has_answer.sum().astype(jnp.float32),
+        }
+        if per_position:
+            out["position_loss"] = (ce * mask).sum(0)
+            out["position_mask"] = mask.sum(0)
+        return out
+
+    return batch_of, rows_of, sums
+
+
+def _check_rows(batch_size, rows, mesh) -> int:
+    rows = int(batch_size if rows is None else rows)
+    if batch_size % rows:
+        raise ValueError(f"rows {rows} must divide the eval batch size {batch_size}")
+    sharding_lib.check_batch_size(rows, mesh, name="eval rows per step")
+    return rows
+
+
+def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
+                 per_position: bool = False, sequential: bool = False, mesh=None):
+    """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
+
+    The batch of ``key`` has ``batch_size`` examples; one call runs the model
+    on its rows ``[chunk * rows, (chunk + 1) * rows)`` only (``rows`` divides
+    ``batch_size``; default all), so evaluation memory follows ``rows *
+    length`` while the examples stay those of the whole batch. Returns summed
+    statistics (so chunks and batches add up exactly): loss_sum,
+    correct_sum, mask_sum, exact_sum, examples; with ``per_position`` also
+    ``position_loss`` [L] and ``position_mask`` [L] (sums over the rows).
+    With ``mesh`` the rows are sharded over its devices (ValueError if
+    ``rows`` does not divide over them). With ``sequential`` (a task with
+    ``sequential_batch``, e.g. text) the step is ``step(graphdef, state, key,
+    chunk, index)``: the batch is the task's held-out batch ``index``
+    (consecutive windows) and ``key`` only draws randomized positions.
+    :func:`eval_length_fn` runs every batch and chunk of a length in one call.
+    """
+    rows = _check_rows(batch_size, rows, mesh)
+    cache_key = ("eval", *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh))
+    if cache_key in _CACHE:
+        return _CACHE[cache_key]
+    batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
+                                          per_position, sequential, mesh)
+
+    def step(graphdef, state, key, chunk, index=None):
+        batch, positions = rows_of(*batch_of(key, index), chunk)
+        return sums(nnx.merge(graphdef, state), batch, positions)
+
+    fn = jax.jit(step)
+    _CACHE[cache_key] = fn
+    return fn
+
+
+def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int, *,
+                   rows: int | None = None, per_position: bool = False, sequential: bool = False,
+                   mesh=None, seeds: bool = False):
+    """``run(graphdef, state, root) -> sums``: every batch and row chunk of one length in one call.
+
+    Batch ``i`` is :func:`eval_step_fn`'s batch of key ``fold_in(root, i)``
+    (``sequential``: held-out batch ``i``); its ``batch_size / rows`` chunks
+    run one after another inside one compiled loop, and the sums add in the
+    order of one call per chunk, so the totals are those of
+    :func:`eval_step_fn` called chunk by chunk. Memory is that of one chunk.
+
+    ``seeds``: ``run(graphdef, params, rest, root)`` evaluates S models of
+    one graph at once: ``params`` are their ``nnx.Param`` states stacked on a
+    leading [S] axis (``jax.vmap``-ed), ``rest`` the other state of one of
+    them (RNG streams, unused by the deterministic forward); every sum gains
+    a leading [S] axis. The batches are drawn once for all S. One device.
+    """
+    rows = _check_rows(batch_size, rows, mesh)
+    num_batches = int(num_batches)
+    cache_key = ("eval_length", int(num_batches), bool(seeds),
+                 *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh))
+    if cache_key in _CACHE:
+        return _CACHE[cache_key]
+    batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
+                                          per_position, sequential, mesh)
+    chunks = int(batch_size) // rows
+
+    def run(graphdef, state, rest, root):
+        if seeds:
+            def forward(batch, positions):
+                return jax.vmap(lambda p: sums(nnx.merge(graphdef, p, rest), batch, positions))(state)
+        else:
+            def forward(batch, positions):
+                return sums(nnx.merge(graphdef, state), batch, positions)
+
+        def one_batch(i, total):
+            batch, positions = batch_of(jax.random.fold_in(root, i), i)
+
+            def one_chunk(c, total):
+                out = forward(*rows_of(batch, positions, c))
+                return jax.tree.map(jnp.add, total, out)
+
+            return jax.lax.fori_loop(0, chunks, one_chunk, total)
+
+        shapes = jax.eval_shape(lambda: forward(*rows_of(*batch_of(root, jnp.int32(0)), 0)))
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        return jax.lax.fori_loop(0, num_batches, one_batch, zeros)
+
+    fn = jax.jit(run if seeds else lambda graphdef, state, root: run(graphdef, state, None, root))
+    _CACHE[cache_key] = fn
+    return fn

@@ -1,0 +1,93 @@
+"""Evaluation without waste: one compiled call per length (every batch and row chunk), equal to
+chunk-by-chunk calls; a grid cell's seeds evaluated together, equal to one model at a time."""
+
+import importlib.util
+import os
+
+import jax
+import pytest
+from flax import nnx
+
+from posenc.model import Decoder
+from posenc.training import evaluate, overrides, setup
+from posenc.training import eval_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(arg="tiny"):
+    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def chunk_by_chunk(model, r, length):
+    """The sums of one ``eval_step_fn`` call per (batch, row chunk), added on the host's order."""
+    c = r.config
+    batch_size = int(c.eval.batch_size)
+    rows = evaluate.rows_per_step(batch_size, length, int(c.eval.max_tokens_per_step))
+    fn = eval_step.eval_step_fn(r.task, c, length, batch_size, rows=rows)
+    graphdef, state = nnx.split(model)
+    root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), length)
+    totals = None
+    for i in range(int(c.eval.num_batches)):
+        for chunk in range(batch_size // rows):
+            out = fn(graphdef, state, jax.random.fold_in(root, i), chunk)
+            totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
+    return jax.device_get(totals), rows
+
+
+def test_one_call_per_length_equals_chunk_by_chunk_calls():
+    c = tiny_config()
+    c.eval.update(lengths=(16,), batch_size=8, num_batches=3, max_tokens_per_step=40)  # 4 chunks
+    r = setup.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    totals, rows = chunk_by_chunk(model, r, 16)
+    assert rows == 2
+    row = evaluate.evaluate_length(model, r.task, r.config, r.spec, 16)
+    assert row["eval_rows_per_step"] == 2 and row["eval_tokens"] == int(totals["mask_sum"]) > 0
+    assert row["loss"] == float(totals["loss_sum"]) / float(totals["mask_sum"])
+    assert row["accuracy"] == float(totals["correct_sum"]) / float(totals["mask_sum"])
+    assert row["exact_match"] == float(totals["exact_sum"]) / float(totals["examples"])
+    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2)
+    other = Decoder(r.spec, rngs=nnx.Rngs(1))  # another model of the graph: the same program
+    assert evaluate.evaluate_length(other, r.task, r.config, r.spec, 16)["loss"] != row["loss"]
+    assert fn._cache_size() == 1
+
+
+def seed_models(spec, n=3):
+    return [Decoder(spec, rngs=nnx.Rngs(seed)) for seed in range(n)]
+
+
+@pytest.mark.parametrize("arg", ["tiny", "tiny,text"])
+def test_seeds_evaluated_together_equal_one_model_at_a_time(arg):
+    c = tiny_config(arg)
+    c.eval.update(lengths=(16, 32), batch_size=4, num_batches=2, max_tokens_per_step=40)
+    if arg == "tiny":
+        c.eval.variants = overrides.fields(
+            {"pi2": {"model.position.rope.scaling": "linear", "model.position.rope.factor": 2}})
+    else:
+        c.task.options.update(max_bytes=300_000, eval_fraction=0.5)
+        c.eval.lengths = (64, 128)
+        c.model.position.kind = "learned"  # 64 rows: 128 is not applicable
+    r = setup.resolve(c)
+    models = seed_models(r.spec)
+    together = evaluate.evaluate_seeds(models, r)
+    assert len(together) == 3
+    for model, rows in zip(models, together):
+        alone = evaluate.evaluate(model, r)
+        assert [(x["eval_variant"], x["eval_length"]) for x in rows] == \
+            [(x["eval_variant"], x["eval_length"]) for x in alone]
+        for x, y in zip(rows, alone):
+            assert sorted(x) == sorted(y)
+            for k in ("loss", "accuracy", "exact_match", "perplexity", "loss_last_L"):
+                if y.get(k) is None:
+                    assert x.get(k) is None and (k not in y or "not_applicable" in y or k not in x)
+                else:
+                    assert x[k] == pytest.approx(y[k], rel=2e-6, abs=1e-7), k
+            assert x.get("not_applicable") == y.get("not_applicable")
+            for k in ("eval_tokens", "eval_rows_per_step", "eval_windows"):
+                assert x.get(k) == y.get(k), k
+    losses = [rows[0]["loss"] for rows in together]
+    assert len(set(losses)) == 3  # three different models
