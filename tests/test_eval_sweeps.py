@@ -31,8 +31,7 @@ def text_task():
 
 def test_sequential_windows_tile_the_eval_split_and_mask_past_its_end(text_task):
     data = np.asarray(text_task.corpus.data["eval"]).astype(np.int32)
-    count = text_task.num_windows(16)
-    assert count == (data.size - 1) // 16
+    count = (data.size - 1) // 16  # whole windows of 16 targets
     batch = jax.jit(text_task.sequential_batch, static_argnums=(1, 2))(jnp.int32(2), 4, 16)  # traced index
     for r in range(4):
         w = 2 * 4 + r
@@ -60,7 +59,7 @@ def log_softmax_ce(logits, targets):
 def test_text_rows_carry_perplexity_over_all_and_over_the_last_l_tokens(text_task):
     c = config("text,tiny")  # train length 16
     c.task.options = ml_collections.ConfigDict(dict(max_bytes=300_000, eval_fraction=0.5))
-    c.eval.update(lengths=(32,), batch_size=4, num_batches=2, position_buckets=4, max_tokens_per_step=0)
+    c.eval.update(lengths=(32,), batch_size=4, tokens=256, position_buckets=4, max_tokens_per_step=0)
     r = setup.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     (row,) = evaluate.evaluate(model, r)
@@ -76,10 +75,39 @@ def test_text_rows_carry_perplexity_over_all_and_over_the_last_l_tokens(text_tas
     assert row["perplexity_last_L"] == pytest.approx(np.exp(ce[:, 16:].mean()), rel=1e-5)
     assert [b["loss"] for b in row["position_loss"]] == pytest.approx(
         [ce[:, i:i + 8].mean() for i in (0, 8, 16, 24)], rel=1e-5)
-    # as many batches as the split has windows for, no more
-    many = ml_collections.ConfigDict({"eval": {"num_batches": 10**9}})
-    assert evaluate._num_batches(text_task, many, 32, 4, True) == -(-text_task.num_windows(32) // 4)
-    assert evaluate._num_batches(text_task, many, 32, 4, False) == 10**9
+    assert row["text_protocol"] == "nonoverlapping" and row["eval_stride"] == 32
+
+
+def test_every_length_scores_the_same_held_out_tokens_and_sliding_scores_each_once(text_task):
+    c = config("text,tiny")
+    c.task.options = ml_collections.ConfigDict(dict(max_bytes=300_000, eval_fraction=0.5))
+    c.eval.update(lengths=(16, 32, 64), batch_size=4, tokens=192, max_tokens_per_step=0)
+    r = setup.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    rows = evaluate.evaluate(model, r)
+    assert [row["eval_tokens"] for row in rows] == [192] * 3 and [row["eval_windows"] for row in rows] == [12, 6, 3]
+    # sliding windows of 32 every 8 tokens: the first window scores 32 targets, each later one its last 8
+    data = np.asarray(text_task.corpus.data["eval"]).astype(np.int32)
+    c.eval.update(lengths=(32,), text_protocol="sliding", stride=8, tokens=96)
+    (row,) = evaluate.evaluate(model, setup.resolve(c))
+    assert row["eval_windows"] == 1 + (96 - 32) // 8 and row["eval_tokens"] == 96
+    ce, scored = [], []
+    for w in range(row["eval_windows"]):
+        x, y = data[8 * w:8 * w + 32], data[8 * w + 1:8 * w + 33]
+        out = log_softmax_ce(model(jnp.asarray(x[None])), y[None])[0]
+        keep = slice(0, 32) if w == 0 else slice(24, 32)
+        ce.append(out[keep])
+        scored.append(np.arange(8 * w + 1, 8 * w + 33)[keep])
+    scored = np.concatenate(scored)
+    assert np.array_equal(scored, np.arange(1, 97))  # every one of the first 96 targets, once
+    assert row["loss"] == pytest.approx(np.concatenate(ce).mean(), rel=1e-5)
+    # a split too small for eval.tokens, or a length that does not tile them, fails before compiling
+    c.eval.update(text_protocol="nonoverlapping", stride=0, lengths=(50,), tokens=192)
+    with pytest.raises(setup.ConfigError, match=r"eval.tokens=192 is not 50 \+ a multiple of 50"):
+        setup.resolve(c)
+    c.eval.update(lengths=(32,), tokens=2**24)
+    with pytest.raises(setup.ConfigError, match="needs 16777217 held-out tokens; the held-out split holds"):
+        setup.resolve(c)
 
 
 def test_each_sweep_point_is_evaluated_with_its_own_task(tmp_path):

@@ -27,7 +27,8 @@ def chunk_by_chunk(model, r, length):
     c = r.config
     batch_size = int(c.eval.batch_size)
     rows = evaluate.rows_per_step(batch_size, length, int(c.eval.max_tokens_per_step))
-    fn = eval_step.eval_step_fn(r.task, c, length, batch_size, rows=rows)
+    plan = evaluate.plan_length(r.task, c, length)  # copy: Kazemnejad et al.'s size bins
+    fn = eval_step.eval_step_fn(r.task, c, length, batch_size, rows=rows, min_size=plan.min_size)
     graphdef, state = nnx.split(model)
     root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), length)
     totals = None
@@ -50,7 +51,7 @@ def test_one_call_per_length_equals_chunk_by_chunk_calls():
     assert row["loss"] == float(totals["loss_sum"]) / float(totals["mask_sum"])
     assert row["accuracy"] == float(totals["correct_sum"]) / float(totals["mask_sum"])
     assert row["exact_match"] == float(totals["exact_sum"]) / float(totals["examples"])
-    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2)
+    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1)
     other = Decoder(r.spec, rngs=nnx.Rngs(1))  # another model of the graph: the same program
     assert evaluate.evaluate_length(other, r.task, r.config, r.spec, 16)["loss"] != row["loss"]
     assert fn._cache_size() == 1

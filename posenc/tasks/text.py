@@ -157,37 +157,62 @@ class Text(Registered):
             key = jax.random.fold_in(key, self.seed)
         return self._windows_jit(key, batch_size, length, split)
 
-    def num_windows(self, length: int, split: str = "eval") -> int:
-        """Whole consecutive windows of ``length`` predicted tokens in the split: ``(N - 1) // length``."""
-        return (self.corpus.data[check_split(split)].size - 1) // self._check_length(length)
+    def sequential_batch(self, index, batch_size: int, length: int, *, split: str = "eval",
+                         count: int | None = None, stride: int | None = None) -> dict:
+        """Batch ``index`` of the split's consecutive windows, from its first token.
 
-    def sequential_batch(self, index, batch_size: int, length: int, *, split: str = "eval") -> dict:
-        """Batch ``index`` of the split's consecutive non-overlapping windows, from its first token.
-
-        Row ``r`` is window ``w = index * batch_size + r``: tokens ``[w L, (w + 1) L]``
-        (``L + 1`` tokens; ``inputs = w[:-1]``, ``targets = w[1:]``), so the
-        targets of windows 0, 1, 2, ... tile the split with no overlap and no
-        gap (the non-overlapping evaluation of Press et al. 2022). Rows past
-        the last whole window (``w >= num_windows(L, split)``) repeat window 0
-        with mask 0. No key: the same windows for every run and task seed;
-        ``index`` may be traced.
+        Row ``r`` is window ``w = index * batch_size + r``, tokens ``[w S, w S + L]``
+        (``L + 1`` tokens; ``inputs = w[:-1]``, ``targets = w[1:]``) with step
+        ``S = stride or L``. Non-overlapping (``stride`` None, Press et al.
+        2022's main tables): the targets of windows 0, 1, 2, ... tile the split
+        with no overlap and no gap. Sliding (``stride`` S < L, their
+        appendix): every window after the first scores only its last S targets,
+        so each token is scored once, with up to L - S tokens of context.
+        ``count`` windows are scored (default: every whole window); rows past
+        them repeat window 0 with mask 0. No key: the same windows for every run
+        and task seed; ``index`` may be traced.
         """
         batch_size = check_int("batch_size", batch_size, minimum=1)
-        count = self.num_windows(length, split)
-        if count < 1:
+        step = length if stride is None else check_int("stride", stride, minimum=1, maximum=length)
+        available = (self.corpus.data[check_split(split)].size - 1 - length) // step + 1
+        if available < 1:
             raise ValueError(f"length {length} needs windows of {length + 1} tokens but the {split!r} split "
                              f"holds {self.corpus.data[split].size}; use a larger corpus")
+        count = available if count is None else int(count)
+        if count > available:
+            raise ValueError(f"{count} windows of {length} tokens (step {step}) need "
+                             f"{(count - 1) * step + length + 1} tokens; the {split!r} split holds "
+                             f"{self.corpus.data[split].size}")
         w = jnp.asarray(index, jnp.int32) * batch_size + jnp.arange(batch_size, dtype=jnp.int32)
         valid = w < count
         w = jnp.where(valid, w, 0)
         if self.on_device:
             data = self.split_data(split)
-            windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (length + 1,)))(w * length)
+            windows = jax.vmap(lambda s: jax.lax.dynamic_slice(data, (s,), (length + 1,)))(w * step)
         else:
-            windows = _host_sequential(self.corpus.data[split], w, length)
+            windows = _host_sequential(self.corpus.data[split], w, length, step)
         windows = windows.astype(jnp.int32)
-        mask = jnp.broadcast_to(valid[:, None], (batch_size, length)).astype(jnp.float32)
+        scored = jnp.arange(length)[None, :] >= (length - step)  # the targets no earlier window scored
+        scored = scored | (w[:, None] == 0)
+        mask = (valid[:, None] & scored).astype(jnp.float32)
         return {"inputs": windows[:, :-1], "targets": windows[:, 1:], "mask": mask}
+
+    def scored_windows(self, tokens: int, length: int, stride: int | None = None) -> int:
+        """How many windows score the first ``tokens`` targets of the held-out split at ``length``.
+
+        ValueError when ``tokens`` is not a whole number of windows' worth of targets or the
+        split holds fewer than ``tokens`` + 1 tokens.
+        """
+        step = length if stride is None else stride
+        first = length  # the first window scores all of its targets
+        if tokens < first or (tokens - first) % step:
+            raise ValueError(f"eval.tokens={tokens} is not {first} + a multiple of {step} (the windows of "
+                             f"length {length}{'' if stride is None else f', stride {stride}'})")
+        need, have = tokens + 1, int(self.corpus.data["eval"].size)
+        if need > have:
+            raise ValueError(f"eval.tokens={tokens} needs {need} held-out tokens; the held-out split holds "
+                             f"{have} (raise eval_fraction, use a larger corpus or lower eval.tokens)")
+        return 1 + (tokens - first) // step
 
     def _windows(self, key, batch_size, length, split):
         span = self.corpus.data[split].shape[0] - length  # number of valid start offsets
@@ -239,11 +264,11 @@ def _host_windows(data, key, batch_size, length, span):
                              vmap_method="expand_dims")
 
 
-def _host_sequential(data, w, length):
-    """Windows [B, length + 1] from token ``w * length`` of ``data`` (a memmap), by a pure callback."""
+def _host_sequential(data, w, length, step):
+    """Windows [B, length + 1] from token ``w * step`` of ``data`` (a memmap), by a pure callback."""
 
     def slice_windows(w):
-        starts = np.asarray(w).astype(np.int64) * length  # int64: past 2**31 tokens too
+        starts = np.asarray(w).astype(np.int64) * step  # int64: past 2**31 tokens too
         out = np.empty((*starts.shape, length + 1), np.int32)
         for i, s in np.ndenumerate(starts):
             out[i] = data[s:s + length + 1]

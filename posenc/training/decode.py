@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from posenc.training import evaluate as evaluate_lib
 from posenc.training import eval_step as eval_lib
 
 _JIT: dict = {}
@@ -123,15 +122,16 @@ def answer_span(mask) -> tuple[int, int] | None:
     return int(first.min()) + 1, int(last.max()) + 1
 
 
-def answer_correctness(model, batch, *, positions=None):
+def answer_correctness(model, batch, *, positions=None, span=None):
     """``(correct, mask)``, both bool [B, L]: which answer tokens greedy decoding gets right.
 
     ``batch``: ``inputs``, ``targets``, ``mask`` of a task (module docstring);
-    ``positions``: the model's positions ([L] or [B, L]; default 0..L-1).
-    ``correct`` is False wherever ``mask`` is.
+    ``positions``: the model's positions ([L] or [B, L]; default 0..L-1);
+    ``span``: :func:`answer_span` to decode over (default: the batch's own; one span for
+    every batch of a length compiles one program). ``correct`` is False wherever ``mask`` is.
     """
     mask = np.asarray(batch["mask"]) > 0
-    span = answer_span(mask)
+    span = answer_span(mask) if span is None else span
     if span is None:
         return np.zeros_like(mask), mask
     graphdef, state = nnx.split(model)
@@ -142,27 +142,33 @@ def answer_correctness(model, batch, *, positions=None):
     return correct, mask
 
 
-def eval_correctness(model, task, config, length: int):
+def eval_correctness(model, task, config, length: int, *, root=None, min_size=None):
     """``(correct, mask)`` [N, L] of greedy decoding over the evaluation set at ``length``.
 
-    The examples (and randomized positions) of :func:`posenc.training.evaluate.evaluate_length`:
-    ``eval.num_batches`` batches of ``eval.batch_size``, decoded in row chunks of at most
-    ``eval.max_tokens_per_step`` tokens.
+    The examples (and randomized positions) of :func:`posenc.training.evaluate.evaluate_length`
+    (``root``: its key; ``min_size``: its size bin): ``eval.num_batches`` batches of
+    ``eval.batch_size``, decoded in row chunks of at most ``eval.max_tokens_per_step`` tokens,
+    every chunk over the span of the whole set (one compiled program per length).
     """
     batch_size = int(config.eval.batch_size)
-    rows = evaluate_lib.rows_per_step(batch_size, int(length),
-                                      int(config.eval.get("max_tokens_per_step", 0)))
-    root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
-    corrects, masks = [], []
+    rows = eval_lib.rows_per_step(batch_size, int(length), int(config.eval.get("max_tokens_per_step", 0)))
+    if root is None:
+        root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
+    parts = []
     for i in range(int(config.eval.num_batches)):
         batch, positions = eval_lib.eval_batch(task, config, jax.random.fold_in(root, i), batch_size,
-                                               int(length))
+                                               int(length), min_size=min_size)
         for lo in range(0, batch_size, rows):
-            part = {k: v[lo:lo + rows] for k, v in batch.items()}
+            part = {k: np.asarray(v[lo:lo + rows]) for k, v in batch.items()}
             pos = positions if positions is None or positions.ndim == 1 else positions[lo:lo + rows]
-            correct, mask = answer_correctness(model, part, positions=pos)
-            corrects.append(correct)
-            masks.append(mask)
+            parts.append((part, pos))
+    spans = [s for s in (answer_span(p["mask"]) for p, _ in parts) if s is not None]
+    span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    corrects, masks = [], []
+    for part, pos in parts:
+        correct, mask = answer_correctness(model, part, positions=pos, span=span)
+        corrects.append(correct)
+        masks.append(mask)
     return np.concatenate(corrects), np.concatenate(masks)
 
 

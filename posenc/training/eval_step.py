@@ -18,26 +18,45 @@ from posenc.training import sharding as sharding_lib
 from posenc.training.step import _CACHE, _batch, _task_key, _token_terms, positions_for
 
 
-def eval_batch(task, config, key, batch_size: int, length: int):
-    """``(batch, positions)``: the evaluation batch of ``key`` (``split="eval"``), as evaluation draws it."""
-    return _batch(task, config, key, int(batch_size), int(length), split="eval")
+def rows_per_step(batch_size: int, length: int, max_tokens: int, devices: int = 1) -> int:
+    """The largest divisor of ``batch_size`` (a multiple of ``devices``) within ``max_tokens`` per step.
+
+    At least ``devices`` rows (one per device) even if that exceeds the budget; 0 = no budget.
+    """
+    if not max_tokens:
+        return batch_size
+    fits = [r for r in range(devices, batch_size + 1, devices) if batch_size % r == 0
+            and r * length <= max_tokens]
+    return max(fits) if fits else devices
 
 
-def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh):
+def eval_batch(task, config, key, batch_size: int, length: int, *, min_size=None, windows=None):
+    """``(batch, positions)``: the evaluation batch of ``key`` (``split="eval"``), as evaluation draws it.
+
+    ``min_size``: the smallest problem size (an evaluation bin; default: exactly the largest);
+    ``windows``: ``(count, stride)`` of a sequential task's held-out windows (``key``'s batch
+    index is then the window batch: see :func:`eval_length_fn`).
+    """
+    return _batch(task, config, key, int(batch_size), int(length), split="eval", min_size=min_size)
+
+
+def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size=None, windows=None):
     pos = config.model.position
     return (_task_key(config), int(length), int(batch_size), int(rows), bool(per_position),
             bool(sequential), bool(pos.randomized), int(pos.randomized_max_position),
-            pos.get("randomized_per", "batch"), mesh)
+            pos.get("randomized_per", "batch"), mesh, min_size, windows)
 
 
-def _eval_parts(task, config, length, batch_size, rows, per_position, sequential, mesh):
+def _eval_parts(task, config, length, batch_size, rows, per_position, sequential, mesh, min_size=None,
+                windows=None):
     """``(batch_of(key, index), rows_of(batch, positions, chunk), sums(model, batch, positions))``."""
+    count, stride = windows if windows is not None else (None, None)
 
     def batch_of(key, index):
         if sequential:
-            batch = task.sequential_batch(index, batch_size, length, split="eval")
+            batch = task.sequential_batch(index, batch_size, length, split="eval", count=count, stride=stride)
             return batch, positions_for(config, jax.random.split(key)[1], batch_size, length)
-        return _batch(task, config, key, batch_size, length, split="eval")
+        return _batch(task, config, key, batch_size, length, split="eval", min_size=min_size)
 
     def rows_of(batch, positions, chunk):
         if rows < batch_size:
@@ -78,7 +97,8 @@ def _check_rows(batch_size, rows, mesh) -> int:
 
 
 def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
-                 per_position: bool = False, sequential: bool = False, mesh=None):
+                 per_position: bool = False, sequential: bool = False, mesh=None, min_size=None,
+                 windows=None):
     """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
 
     The batch of ``key`` has ``batch_size`` examples; one call runs the model
@@ -96,11 +116,12 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None
     :func:`eval_length_fn` runs every batch and chunk of a length in one call.
     """
     rows = _check_rows(batch_size, rows, mesh)
-    cache_key = ("eval", *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh))
+    cache_key = ("eval", *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh,
+                                    min_size, windows))
     if cache_key in _CACHE:
         return _CACHE[cache_key]
     batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
-                                          per_position, sequential, mesh)
+                                          per_position, sequential, mesh, min_size, windows)
 
     def step(graphdef, state, key, chunk, index=None):
         batch, positions = rows_of(*batch_of(key, index), chunk)
@@ -113,7 +134,7 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None
 
 def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int, *,
                    rows: int | None = None, per_position: bool = False, sequential: bool = False,
-                   mesh=None, seeds: bool = False):
+                   mesh=None, seeds: bool = False, min_size=None, windows=None):
     """``run(graphdef, state, root) -> sums``: every batch and row chunk of one length in one call.
 
     Batch ``i`` is :func:`eval_step_fn`'s batch of key ``fold_in(root, i)``
@@ -131,11 +152,11 @@ def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int,
     rows = _check_rows(batch_size, rows, mesh)
     num_batches = int(num_batches)
     cache_key = ("eval_length", int(num_batches), bool(seeds),
-                 *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh))
+                 *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size, windows))
     if cache_key in _CACHE:
         return _CACHE[cache_key]
     batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
-                                          per_position, sequential, mesh)
+                                          per_position, sequential, mesh, min_size, windows)
     chunks = int(batch_size) // rows
 
     def run(graphdef, state, rest, root):

@@ -55,6 +55,8 @@ the task as configured, which are exactly those of a task without a sweep.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +67,7 @@ from posenc.model import encoding as encoding_lib
 from posenc.training import setup
 from posenc.training import sharding as sharding_lib
 from posenc.training import eval_step as eval_lib
+from posenc.training.eval_step import rows_per_step  # noqa: F401  (re-exported)
 
 
 def not_applicable(config, spec, length: int) -> str | None:
@@ -93,25 +96,6 @@ def _buckets(position_loss, position_mask, num_buckets: int) -> list[dict]:
     return out
 
 
-def rows_per_step(batch_size: int, length: int, max_tokens: int, devices: int = 1) -> int:
-    """The largest divisor of ``batch_size`` (a multiple of ``devices``) within ``max_tokens`` per step.
-
-    At least ``devices`` rows (one per device) even if that exceeds the budget; 0 = no budget.
-    """
-    if not max_tokens:
-        return batch_size
-    fits = [r for r in range(devices, batch_size + 1, devices) if batch_size % r == 0
-            and r * length <= max_tokens]
-    return max(fits) if fits else devices
-
-
-def _num_batches(task, config, length: int, batch_size: int, sequential: bool) -> int:
-    if not sequential:
-        return int(config.eval.num_batches)
-    windows = task.num_windows(length, "eval")
-    return max(1, min(int(config.eval.num_batches), -(-windows // batch_size)))
-
-
 def _last_l(totals, length: int, last: int) -> dict:
     """Loss and perplexity over the last ``last`` positions of every window (from the per-position sums)."""
     loss = np.asarray(totals["position_loss"])[length - last:].sum()
@@ -126,18 +110,49 @@ def _not_applicable_row(length: int, reason: str) -> dict:
             "not_applicable": reason}
 
 
-def _setup(task, config, length: int, devices: int):
-    """``(batch_size, rows, num_batches, per_position, sequential)`` of evaluating at ``length``."""
+VALIDATION = 0x7A11D  # folded into the evaluation keys of the fit check: other examples than the reported ones
+DEFAULT_TOKENS = 2**17
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one length is evaluated: batches, row chunks, the size bin or the scored windows."""
+
+    batch_size: int
+    rows: int
+    num_batches: int
+    per_position: bool
+    sequential: bool
+    min_size: int | None = None  # synthetic tasks: the bin's smallest problem size
+    max_size: int | None = None
+    windows: tuple | None = None  # text: (scored windows, stride or None)
+
+
+def plan_length(task, config, length: int, devices: int = 1) -> Plan:
+    """The :class:`Plan` of evaluating ``task`` at ``length`` under ``config.eval``.
+
+    Text (Press et al. 2022): the first ``eval.tokens`` targets of the held-out split, the same
+    at every length, in non-overlapping windows or (``eval.text_protocol="sliding"``) windows
+    every ``eval.stride`` tokens. Synthetic tasks: ``eval.num_batches`` batches with sizes
+    from :func:`posenc.tasks.base.eval_bins` (``eval.sizes``).
+    """
+    from posenc.tasks import base
+
+    ev = config.eval
     per_position = config.task.name == "text"
     sequential = hasattr(task, "sequential_batch")
-    batch_size = int(config.eval.batch_size)
-    rows = rows_per_step(batch_size, int(length), int(config.eval.get("max_tokens_per_step", 0)),
-                         devices)
-    return batch_size, rows, _num_batches(task, config, int(length), batch_size, sequential), \
-        per_position, sequential
+    batch_size = int(ev.batch_size)
+    rows = eval_lib.rows_per_step(batch_size, int(length), int(ev.get("max_tokens_per_step", 0)), devices)
+    if sequential:
+        stride = int(ev.get("stride", 0)) if ev.get("text_protocol", "nonoverlapping") == "sliding" else None
+        count = task.scored_windows(int(ev.get("tokens", DEFAULT_TOKENS)), int(length), stride)
+        return Plan(batch_size, rows, -(-count // batch_size), per_position, True, windows=(count, stride))
+    lengths = sorted({int(n) for n in ev.lengths} | {int(length)})
+    lo, hi = base.eval_bins(task, lengths, mode=ev.get("sizes", "default"))[int(length)]
+    return Plan(batch_size, rows, int(ev.num_batches), per_position, False, min_size=lo, max_size=hi)
 
 
-def _row(totals, task, config, length: int, rows: int, per_position: bool, sequential: bool) -> dict:
+def _row(totals, config, length: int, plan: Plan) -> dict:
     """The row of one model's summed statistics (host arrays) at ``length``."""
     denom = max(float(totals["mask_sum"]), 1.0)
     row = {
@@ -146,12 +161,15 @@ def _row(totals, task, config, length: int, rows: int, per_position: bool, seque
         "accuracy": float(totals["correct_sum"]) / denom,
         "exact_match": float(totals["exact_sum"]) / max(float(totals["examples"]), 1.0),
         "eval_tokens": int(totals["mask_sum"]),
-        "eval_rows_per_step": rows,
-        "problem_size": int(task.max_size(int(length))) if config.task.name != "text" else None,
+        "eval_rows_per_step": plan.rows,
     }
-    if sequential:
-        row["eval_windows"] = int(round(float(totals["mask_sum"]))) // int(length)
-    if per_position:
+    if plan.sequential:
+        count, stride = plan.windows
+        row.update(eval_windows=count, text_protocol="sliding" if stride else "nonoverlapping",
+                   eval_stride=stride or int(length))
+    else:
+        row.update(problem_size=plan.max_size, problem_size_min=plan.min_size, problem_size_max=plan.max_size)
+    if plan.per_position:
         row["perplexity"] = float(np.exp(row["loss"]))
         row.update(_last_l(totals, int(length), min(int(config.task.train_length), int(length))))
         row["position_loss"] = _buckets(np.asarray(totals["position_loss"]),
@@ -160,29 +178,47 @@ def _row(totals, task, config, length: int, rows: int, per_position: bool, seque
     return row
 
 
-def _root(config, length: int):
-    return jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
+def _decoded(model, task, config, length: int, plan: Plan, root) -> dict:
+    """``decoded_accuracy`` / ``decoded_exact_match``: the answers generated greedily through the cache."""
+    from posenc.training import decode
+
+    if plan.sequential or not config.eval.get("decode", True):
+        return {}
+    correct, mask = decode.eval_correctness(model, task, config, int(length), root=root,
+                                            min_size=plan.min_size)
+    return decode.decoded_metrics(correct, mask)
 
 
-def evaluate_length(model, task, config, spec, length: int, *, mesh=None) -> dict:
-    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (+ the text measures).
+def _root(config, length: int, stream: str = "eval"):
+    root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
+    return jax.random.fold_in(root, VALIDATION) if stream == "validation" else root
+
+
+def evaluate_length(model, task, config, spec, length: int, *, mesh=None, stream: str = "eval",
+                    decoded: bool = True) -> dict:
+    """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (teacher-forced),
+    decoded_accuracy and decoded_exact_match (greedy through the cache), the text measures.
 
     Every batch and row chunk runs in one compiled call (``eval_step.eval_length_fn``).
+    ``stream="validation"`` draws other examples than the reported ones (the fit check).
     """
     reason = not_applicable(config, spec, length)
     if reason is not None:
         return _not_applicable_row(length, reason)
     devices = 1 if mesh is None else mesh.size
-    batch_size, rows, num_batches, per_position, sequential = _setup(task, config, length, devices)
-    fn = eval_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
-                                 per_position=per_position, sequential=sequential, mesh=mesh)
+    plan = plan_length(task, config, length, devices)
+    fn = eval_lib.eval_length_fn(task, config, int(length), plan.batch_size, plan.num_batches, rows=plan.rows,
+                                 per_position=plan.per_position, sequential=plan.sequential, mesh=mesh,
+                                 min_size=plan.min_size, windows=plan.windows)
     graphdef, state = nnx.split(model)
-    root = _root(config, length)
+    root = placed = _root(config, length, stream)
     if mesh is not None:  # a no-op for arrays already placed; places fresh ones (variant models)
         state = sharding_lib.shard_state(state, mesh, fsdp=sharding_lib.fsdp_enabled(config))
-        root = sharding_lib.replicate(root, mesh)
-    totals = jax.device_get(fn(graphdef, state, root))
-    return _row(totals, task, config, length, rows, per_position, sequential)
+        placed = sharding_lib.replicate(root, mesh)
+    row = _row(jax.device_get(fn(graphdef, state, placed)), config, length, plan)
+    if decoded and mesh is None:
+        row.update(_decoded(model, task, config, length, plan, root))
+    return row
 
 
 def split_params(models):
@@ -195,22 +231,32 @@ def split_params(models):
     return parts[0][0], params, parts[0][2]
 
 
-def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: int) -> list[dict]:
+def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: int, *, stream: str = "eval",
+                          decoded: bool = True) -> list[dict]:
     """:func:`evaluate_length` of S models at once: ``params`` stacked [S] (:func:`split_params`).
 
     One compiled, ``jax.vmap``-ed call (one device); returns one row per model, each equal to
-    its own :func:`evaluate_length` up to float32 rounding (batched matmuls).
+    its own :func:`evaluate_length` up to float32 rounding (batched matmuls). Decoding runs
+    model by model.
     """
     size = jax.tree.leaves(params)[0].shape[0]
     reason = not_applicable(config, spec, length)
     if reason is not None:
         return [_not_applicable_row(length, reason) for _ in range(size)]
-    batch_size, rows, num_batches, per_position, sequential = _setup(task, config, length, 1)
-    fn = eval_lib.eval_length_fn(task, config, int(length), batch_size, num_batches, rows=rows,
-                                 per_position=per_position, sequential=sequential, seeds=True)
-    totals = jax.device_get(fn(graphdef, params, rest, _root(config, length)))
-    return [_row(jax.tree.map(lambda x: x[j], totals), task, config, length, rows, per_position,
-                 sequential) for j in range(size)]
+    plan = plan_length(task, config, length, 1)
+    fn = eval_lib.eval_length_fn(task, config, int(length), plan.batch_size, plan.num_batches, rows=plan.rows,
+                                 per_position=plan.per_position, sequential=plan.sequential, seeds=True,
+                                 min_size=plan.min_size, windows=plan.windows)
+    root = _root(config, length, stream)
+    totals = jax.device_get(fn(graphdef, params, rest, root))
+    out = []
+    for j in range(size):
+        row = _row(jax.tree.map(lambda x: x[j], totals), config, length, plan)
+        if decoded:
+            model = nnx.merge(graphdef, jax.tree.map(lambda x: x[j], params), rest)
+            row.update(_decoded(model, task, config, length, plan, root))
+        out.append(row)
+    return out
 
 
 def sweep_points(config, task) -> list:

@@ -81,6 +81,7 @@ def finish(model, resolved, workdir: str, *, name: str | None, record: records.C
             fitted=bool(fit.fitted) if fitting else None,
             steps_to_fit=fit.steps_to_fit if fitting else None,
             fit_accuracy=fit.accuracy if fitting else None,
+            fit_examples="validation" if fitting else None,  # the fit check's stream: not these rows' examples
             train_loss=record.metrics.get("loss"), train_accuracy=record.metrics.get("accuracy"),
             train_seconds=train_seconds, eval_seconds=eval_seconds,
             wall_time=train_seconds + eval_seconds, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

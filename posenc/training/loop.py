@@ -82,8 +82,10 @@ def check_fit(resolved, graphdef, state, fit: records.FitState, s: int, *, mesh=
     """Evaluate at the training length; mark ``fit`` fitted at step ``s`` if accuracy reaches the target."""
     config = resolved.config
     model, _ = nnx.merge(graphdef, state)
+    # Validation examples, not the reported ones: the fit check must not pick the evaluation set.
     row = evaluate_lib.evaluate_length(model, resolved.task, config, resolved.spec,
-                                       int(config.task.train_length), mesh=mesh)
+                                       int(config.task.train_length), mesh=mesh, stream="validation",
+                                       decoded=False)
     return record_fit(resolved, fit, s, row["accuracy"])
 
 

@@ -202,7 +202,8 @@ class _GroupTrainer:
             params = _take(params, jnp.asarray(list(range(active)) + [0] * (self.size - active)))
         rows = evaluate_lib.evaluate_length_seeds(graphdef, params, _take(rest, 0), resolved.task,
                                                   resolved.config, resolved.spec,
-                                                  int(resolved.config.task.train_length))
+                                                  int(resolved.config.task.train_length),
+                                                  stream="validation", decoded=False)
         return [row["accuracy"] for row in rows[:active]]
 
     def boundary(self, s, fetched, at):

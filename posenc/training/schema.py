@@ -111,13 +111,34 @@ class Train(Section):
 class Eval(Section):
     """eval: the lengths, batches and evaluation variants of a run's evaluation."""
 
+    @classmethod
+    def check(cls, values, prefix):
+        sliding = values["text_protocol"] == "sliding"
+        if sliding and not values["stride"]:
+            raise ValueError(f"{prefix}.text_protocol='sliding' needs {prefix}.stride >= 1")
+        if not sliding and values["stride"]:
+            raise ValueError(f"{prefix}.stride={values['stride']} is set, but only text_protocol 'sliding' "
+                             "uses it")
+
     lengths = Field((32, 64, 128, 256), _lengths, "evaluation lengths (a tuple)", type=tuple)
-    batch_size = Field(32, o.positive_int, "examples per evaluation batch")
-    num_batches = Field(4, o.positive_int, "batches per length")
+    batch_size = Field(32, o.positive_int, "examples (text: windows) per evaluation batch")
+    num_batches = Field(4, o.positive_int, "synthetic tasks: batches per length (text: from eval.tokens)")
     seed = Field(1234, o.nonnegative_int, "evaluation data keys")
     position_buckets = Field(8, o.positive_int, "text: loss over this many position ranges per length")
     max_tokens_per_step = Field(16384, o.nonnegative_int,
                                 "evaluation memory bound: rows per forward * length (0 = off)")
+    sizes = Field("default", o.one_of("default", "exact", "bin"),
+                  "synthetic tasks: exact (every example at the largest size a length fits, Deletang et "
+                  "al.) | bin (the sizes above the previous length's, Kazemnejad et al.) | default: the task's")
+    decode = Field(True, o.boolean, "also score the answers generated greedily through the KV cache "
+                                   "(decoded_accuracy, decoded_exact_match)")
+    tokens = Field(2**17, o.positive_int, "text: every length scores the first eval.tokens targets of the "
+                                          "held-out split (a whole number of windows at every length)")
+    text_protocol = Field("nonoverlapping", o.one_of("nonoverlapping", "sliding"),
+                          "text: non-overlapping windows (Press et al. 2022's main tables) | sliding windows "
+                          "every eval.stride tokens, each token scored once (their appendix)")
+    stride = Field(0, o.nonnegative_int, "text, sliding: the step between windows (each scores its last "
+                                         "stride tokens, with up to L - stride of context)")
     variants = Free("name -> dotted model.* fields: the trained parameters also evaluated with those "
                     "fields changed (zero-shot context extension); JSON on the command line",
                     dotted=True)

@@ -63,6 +63,21 @@ def make_task(config):
     return tasks_lib.make(config.task.name, seed=int(config.task.seed), **config.task.options.to_dict())
 
 
+def _check_scored_text(task, config) -> None:
+    """A text run scores the same eval.tokens held-out targets at every length: they must be there."""
+    if not hasattr(task, "scored_windows"):
+        return
+    ev = config.eval
+    stride = int(ev.stride) if ev.text_protocol == "sliding" else None
+    for n in ev.lengths:
+        if stride is not None and stride > int(n):
+            raise ValueError(f"eval.stride={stride} exceeds the evaluation length {n}")
+        try:
+            task.scored_windows(int(ev.tokens), int(n), stride)
+        except ValueError as e:
+            raise ValueError(f"{e} (eval.lengths {tuple(ev.lengths)})") from None
+
+
 def _prune_sections(config, spec: ModelSpec) -> None:
     pos = config.model.position
     for name in list(pos.keys()):
@@ -95,6 +110,7 @@ def _resolve(config) -> Resolved:
         raise ValueError(f"task.min_size={config.task.min_size} exceeds the largest problem size "
                          f"{largest} at task.train_length={config.task.train_length}")
     config.model.vocab_size = int(task.vocab_size)
+    _check_scored_text(task, config)
     spec = _model_spec(config, "")
     variants = {}
     for name, fields in overrides.as_dict(config.eval.variants).items():

@@ -97,10 +97,7 @@ def _batch(task, config, key, batch_size, length, *, split, min_size=None):
     A task that emits ``position_ids`` (position coupling) gives the positions itself.
     """
     data_key, pos_key = jax.random.split(key)
-    if split == "train":
-        batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
-    else:
-        batch = task.batch(data_key, batch_size, length, split=split)
+    batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
     if "position_ids" in batch:
         if config.model.position.randomized:
             raise ValueError("model.position.randomized=True, but the task gives its own positions "
