@@ -92,3 +92,24 @@ def test_seeds_evaluated_together_equal_one_model_at_a_time(arg):
                 assert x.get(k) == y.get(k), k
     losses = [rows[0]["loss"] for rows in together]
     assert len(set(losses)) == 3  # three different models
+
+
+def test_rows_carry_the_decoded_answers_scores():
+    from posenc.training import decode
+
+    c = tiny_config()
+    c.eval.update(lengths=(16, 32), batch_size=8, num_batches=2)
+    r = setup.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    rows = evaluate.evaluate(model, r)
+    for row in rows:
+        n = row["eval_length"]
+        plan = evaluate.plan_length(r.task, r.config, n)
+        root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), n)
+        correct, mask = decode.eval_correctness(model, r.task, r.config, n, root=root, min_size=plan.min_size)
+        assert row["decoded_accuracy"] == decode.decoded_metrics(correct, mask)["decoded_accuracy"]
+        assert mask.sum() == row["eval_tokens"]  # the same examples as the teacher-forced metrics
+        assert (row["problem_size_min"], row["problem_size_max"]) == (plan.min_size, plan.max_size)
+    assert rows[1]["problem_size_min"] == rows[0]["problem_size_max"] + 1  # copy: the next size bin
+    c.eval.decode = False
+    assert "decoded_accuracy" not in evaluate.evaluate(model, setup.resolve(c))[0]

@@ -132,3 +132,15 @@ def test_write_json_is_valid(tmp_path):
     path = str(tmp_path / "c.json")
     results.write_json(path, {"x": (1, 2), "y": math.inf})
     assert json.load(open(path)) == {"x": [1, 2], "y": None}
+
+
+def test_decoded_metrics_lead_the_table_with_the_teacher_forced_ones_beside():
+    rows = [row(seed=s, accuracy=0.9, decoded_accuracy=0.5 + 0.1 * s, decoded_exact_match=0.25)
+            for s in (0, 1)]
+    md = report.table_markdown(rows)
+    decoded, forced = md.index("decoded accuracy (the answer generated"), md.index("teacher-forced token accuracy")
+    assert decoded < forced and "### copy: teacher-forced, for comparison" in md
+    assert "| rope | 0.550 [0.000, 1.000] {0.50-0.60} (EM 0.25) |" in md
+    assert report.main_metric("copy", rows) == "decoded_accuracy" and report.main_metric("copy", [row()]) == "accuracy"
+    agg = report.aggregate(rows + [dict(r, eval_length=32, decoded_accuracy=0.2) for r in rows])
+    assert agg["copy"]["rope"]["metric"] == "decoded_accuracy" and agg["copy"]["rope"]["stat"].mean == pytest.approx(0.2)

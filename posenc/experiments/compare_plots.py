@@ -44,7 +44,7 @@ def _lines(ax, table: dict, unfitted: dict, metric: str, include_unfitted: bool)
 
 
 def _unit_range(ax, metric: str) -> None:
-    if metric in ("accuracy", "exact_match"):  # a t-interval of few seeds may reach past [0, 1]
+    if metric != "loss":  # accuracies: a t-interval of few seeds may reach past [0, 1]
         ax.set_ylim(-0.03, 1.03)
 
 
@@ -77,7 +77,8 @@ def _length_plots(rows, directory, include_unfitted) -> list[str]:
             fig.tight_layout()
             paths.append(figures.save(fig, os.path.join(directory, "text_log_perplexity.png")))
             continue
-        for metric in ("accuracy", "exact_match", "loss"):
+        decoded = any(r.get("decoded_accuracy") is not None for r in rows if r["task"] == task)
+        for metric in ("decoded_accuracy", "decoded_exact_match") * decoded + ("accuracy", "exact_match", "loss"):
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             _lines(ax, table, apart.get(task, {}), metric, include_unfitted)
             _length_axes(ax, train_lengths, metric,
@@ -93,7 +94,7 @@ def _sweep_plots(rows, directory, include_unfitted) -> list[str]:
     apart = report.summarize_sweeps(rows, only_unfitted=True)
     plt, paths = figures.pyplot(), []
     for task, options in sorted(sweeps.items()):
-        metric = report.main_metric(task)
+        metric = report.main_metric(task, rows)
         for option, by_label in options.items():
             lengths = sorted({n for v in by_label.values() for c in v.values() for n in c})
             cols = min(len(lengths), 3)

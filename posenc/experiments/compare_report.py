@@ -41,11 +41,29 @@ from posenc.experiments.stats import interval, t_quantile  # noqa: F401  (re-exp
 
 LEVEL_ORDER = ("R", "DCF", "CS", None)
 LEVEL_NAMES = {"R": "regular", "DCF": "deterministic context-free", "CS": "context-sensitive"}
-METRICS = ("loss", "accuracy", "exact_match", "perplexity", "loss_last_L", "perplexity_last_L")
+METRICS = ("loss", "accuracy", "exact_match", "decoded_accuracy", "decoded_exact_match", "perplexity",
+           "loss_last_L", "perplexity_last_L")
+# What each metric is, in the captions: which paper's score it is comparable to.
+DESCRIBE = {
+    "decoded_accuracy": "decoded accuracy (the answer generated greedily from BOS problem SEP, each answer "
+                        "token scored: DeepMind's per-position accuracy, Delétang et al. / Ruoss et al.)",
+    "decoded_exact_match": "decoded exact match (the whole generated answer right: Kazemnejad et al.)",
+    "accuracy": "teacher-forced token accuracy (every earlier answer token given)",
+    "exact_match": "teacher-forced exact match",
+}
 
 
-def main_metric(task: str) -> str:
-    return "loss" if task == "text" else "accuracy"
+def main_metric(task: str, rows=()) -> str:
+    """The score a task's tables lead with: log-perplexity for text, else the decoded accuracy
+    (the teacher-forced accuracy for rows written without decoding)."""
+    if task == "text":
+        return "loss"
+    decoded = any(r.get("decoded_accuracy") is not None for r in rows if r.get("task") == task)
+    return "decoded_accuracy" if decoded else "accuracy"
+
+
+def exact_of(metric: str) -> str:
+    return "decoded_exact_match" if metric == "decoded_accuracy" else "exact_match"
 
 
 # ---------------------------------------------------------------------- groups
@@ -201,15 +219,19 @@ def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_u
             lines += _grid({label: {n: _cell(s, loss, (ppl, "ppl", 2)) for n, s in table[label].items()}
                             for label in sorted(table)}, lengths, train_lengths, "encoding")
         return lines
-    metric = main_metric(task)
-    if table:
-        lines += [_caption(metric, seeds, train_lengths, extra=", exact match (EM) in brackets", **caption), ""]
-        lines += _grid({label: {n: _cell(s, metric, ("exact_match", "EM", 2)) for n, s in table[label].items()}
+    metric = main_metric(task, rs)
+    shown = [metric] + (["accuracy"] if metric == "decoded_accuracy" else [])  # the teacher-forced one too
+    for m in shown if table else ():
+        if m != metric:
+            lines += [f"### {task}: teacher-forced, for comparison", ""]
+        lines += [_caption(DESCRIBE.get(m, m), seeds, train_lengths, extra=", exact match (EM) in brackets",
+                           **caption), ""]
+        lines += _grid({label: {n: _cell(s, m, (exact_of(m), "EM", 2)) for n, s in table[label].items()}
                         for label in sorted(table)}, lengths, train_lengths, "encoding")
     for option, by_label in sweeps.items():
         sweep_lengths = sorted({n for v in by_label.values() for c in v.values() for n in c})
         lines += [f"### {task}: {metric} vs {option} (evaluation sweep), per evaluation length", ""]
-        lines += _grid({f"{label} {option}={value}": {n: _cell(s, metric, ("exact_match", "EM", 2))
+        lines += _grid({f"{label} {option}={value}": {n: _cell(s, metric, (exact_of(metric), "EM", 2))
                                                       for n, s in cells.items()}
                         for label, values in sorted(by_label.items()) for value, cells in values.items()},
                        sweep_lengths, train_lengths, f"encoding {option}")
@@ -240,7 +262,8 @@ def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
     """
     out = {}
     for task, rs in _by_task(r for r in rows if not r.get("sweep")).items():
-        if main_metric(task) != "accuracy":
+        metric = main_metric(task, rs)
+        if metric == "loss":
             continue
         vary = _vary(rs)
         runs = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -256,13 +279,13 @@ def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
                 failed_fit = any(r.get("fitted") is False for r in group)
                 unfitted += failed_fit
                 diverged += any(r.get("diverged_at_step") is not None for r in group)
-                values = [r["accuracy"] for r in group
-                          if r["eval_length"] > r["train_length"] and r.get("accuracy") is not None]
+                values = [r[metric] for r in group
+                          if r["eval_length"] > r["train_length"] and r.get(metric) is not None]
                 if values and (include_unfitted or not failed_fit):
                     scores.append(float(np.mean(values)))
                     used = max(used, len(values))
             table[label] = dict(stat=interval(scores), unfitted=unfitted, diverged=diverged, lengths=used,
-                                ood_lengths=len(ood))
+                                ood_lengths=len(ood), metric=metric)
         if table:
             out[task] = table
     return out
@@ -304,7 +327,8 @@ def aggregate_markdown(rows: list[dict], *, include_unfitted: bool = False) -> s
     labels = sorted({label for t in agg.values() for label in t})
     fitting = any(r.get("fitted") is not None for r in rows)
     lines = ["## Aggregate: accuracy over the out-of-distribution lengths", "",
-             "Per task x encoding: each run's token accuracy averaged over the evaluation lengths longer than "
+             "Per task x encoding: each run's accuracy (decoded where the rows have it, else teacher-forced) "
+             "averaged over the evaluation lengths longer than "
              f"its training length, then over seeds: {tables.INTERVAL_NOTE}; [k/m lengths]: only k of the m "
              "longer lengths have a value (n/a ones are skipped)"
              + ("; [k unfitted]: k runs did not reach train.fit_accuracy, "

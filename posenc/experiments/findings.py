@@ -40,15 +40,16 @@ import collections
 import os
 import shutil
 
-from posenc.experiments import figures, stats, tables
+from posenc.experiments import compare_report, figures, stats, tables
 
 KINDS = ("", "randomized", "interaction")
 
 
 # ------------------------------------------------------------------ scores
-def _metric(task: str) -> tuple[str, bool]:
-    """(row field, higher is better) of a task's score."""
-    return ("loss", False) if task == "text" else ("accuracy", True)
+def _metric(task: str, rows=()) -> tuple[str, bool]:
+    """(row field, higher is better) of a task's score: the compare report's main metric."""
+    metric = compare_report.main_metric(task, rows)
+    return metric, metric != "loss"
 
 
 def run_scores(rows) -> list[dict]:
@@ -61,7 +62,7 @@ def run_scores(rows) -> list[dict]:
     out = []
     for group in runs.values():
         first = group[0]
-        metric, _ = _metric(first["task"])
+        metric, _ = _metric(first["task"], group)
         ood = [r[metric] for r in group if r["eval_length"] > r["train_length"] and r.get(metric) is not None]
         ind = [r[metric] for r in group if r["eval_length"] == r["train_length"] and r.get(metric) is not None]
         out.append(dict(task=first["task"], variant=first.get("variant") or first["position"],
@@ -208,7 +209,7 @@ def best_placements(rows, include_unfitted: bool = False) -> dict:
     for (task, variant, placement), cell in cells.items():
         out.setdefault(task, {}).setdefault(variant, {"cells": {}})["cells"][placement] = cell
     for task, variants in out.items():
-        _, higher = _metric(task)
+        _, higher = _metric(task, rows)
         for v in variants.values():
             ranked = sorted(((c["ood"], p) for p, c in v["cells"].items() if c["ood"] is not None),
                             key=lambda sp: sp[0][0], reverse=higher)
@@ -225,8 +226,9 @@ def interaction_markdown(rows, include_unfitted: bool = False) -> str:
     res = best_placements(rows, include_unfitted)
     lines = ["## Position encoding x norm placement", ""]
     for task in sorted(res):
-        metric, higher = _metric(task)
-        what = "token accuracy" if metric == "accuracy" else "log-perplexity (nats per token, lower is better)"
+        metric, higher = _metric(task, rows)
+        what = ("log-perplexity (nats per token, lower is better)" if metric == "loss"
+                else compare_report.DESCRIBE.get(metric, metric))
         variants = res[task]
         placements = sorted({p for v in variants.values() for p in v["cells"]})
         lines += [f"### {task}", "",
@@ -273,7 +275,7 @@ def plot_interaction(rows, directory: str, include_unfitted: bool = False) -> li
     res, paths = best_placements(rows, include_unfitted), []
     plt = figures.pyplot()
     for task, variants in sorted(res.items()):
-        metric, higher = _metric(task)
+        metric, higher = _metric(task, rows)
         names = sorted(variants)
         placements = sorted({p for v in variants.values() for p in v["cells"]})
         values = np.full((len(names), len(placements)), np.nan)
