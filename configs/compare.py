@@ -9,11 +9,12 @@ WORKDIR/results.jsonl, WORKDIR/table.md and WORKDIR/plots/<task>_<metric>.png.
 
 Args:
     smoke     two tiny runs of two seeds each (seconds; the engine's tests)
-    quick     (default) nope, sinusoidal, learned, rope, alibi, t5 on copy at
-              length 16 (3 layers, d_model 64), 3 seeds trained together, each
-              until 0.99 validation accuracy at length 16 (at most 4000 steps),
-              then evaluated at 16, 32, 64, 128 (8x). The learned table has 128
-              rows (untrained past 16).
+    quick     (default) nope, sinusoidal, learned, rope, alibi, t5 on copy of
+              strings up to 7 symbols (15 tokens; 3 layers, d_model 64), 3 seeds
+              trained together, each until 0.99 validation accuracy at the
+              training size (at most 4000 steps), then evaluated in the size bins
+              8-15, 16-31, 32-63 (to 8x; 31, 63, 127 tokens), decoded and
+              teacher-forced. The learned table has 128 rows (untrained past 15).
     full      every registered encoding, the Gemma 3 / SWAN-GPT / Llama 4 layer
               presets, sliding-window RoPE, p-RoPE and RoPE with SSMax / log-n
               logit scaling, 3 seeds, copy and reverse, the default (longer)
@@ -33,28 +34,30 @@ Args:
               token embeddings times sqrt(d_model) as the reference's model
               (also in chomsky_quick and the randomized grids).
     chomsky_quick  parity (R), reverse_string (DCF), duplicate_string (CS) x nope,
-              rope, alibi, 2 seeds, sizes up to 8, evaluated at sizes 8-64, fit to
-              0.95 accuracy in at most 1500 steps.
+              rope, alibi, 3 seeds, sizes up to 8, evaluated at every size 9-64 (bins
+              9-16, 17-32, 33-64), fit to 0.95 accuracy in at most 1500 steps.
     suite     recall, state tracking and Kazemnejad et al. 2023 tasks: mqar,
               flip_flop (p_ignore swept at evaluation), passkey (depth swept),
               induction, polynomial, summation, lego, count x nope, sinusoidal,
-              rope, alibi, t5, fire, 3 seeds, each at its own training length
-              (64 tokens; lego 32, passkey 512), evaluated up to 8x; fit as chomsky.
-    suite_quick  flip_flop (with its sweep) and count x nope, rope, alibi, 2 seeds
-              at length 32, evaluated up to 8x, fit as chomsky_quick.
+              rope, alibi, t5, fire, 3 seeds, each trained on its own problem sizes
+              (mqar 12 pairs, flip_flop 32 instructions, induction 61, polynomial 14,
+              summation 62, count 62, lego 5 variables, passkey 260 characters of
+              filler) and evaluated at 2x, 4x, 8x the size; fit as chomsky.
+    suite_quick  flip_flop (sizes 16 to 128, with its sweep) and count (30 to 240) x
+              nope, rope, alibi, 3 seeds, fit as chomsky_quick.
     lm        Press et al. 2022: byte-level LM on the Python stdlib at L = 256
               (d_model 256, 4 layers, 10000 steps) x sinusoidal, rope, alibi, t5,
               kerple_log, fire, nope, 3 seeds; perplexity at L, 2L, 4L, 8L, 16L over
               all tokens and over the last L of each non-overlapping held-out window.
     lm_quick  the same at L = 64 (d_model 64, 2 layers, 750 steps, 2 MB of text),
-              evaluated at 64-1024, 2 seeds.
+              evaluated at 64-1024, 3 seeds.
     randomized  Ruoss et al. 2023: every encoding but NoPE with and without
               randomized positions (from [0, 2048)) on every Chomsky task, copy and
               reverse, trained on sizes up to 40, evaluated at sizes 40-500, 3 seeds;
               findings.md: the OOD accuracy gain per encoding (experiments.findings).
     randomized_quick  sinusoidal, learned, rope (+ randomized) on copy,
               reverse_string, duplicate_string, sizes up to 8, evaluated at 8-64,
-              2 seeds, fit to 0.95 accuracy in at most 3000 steps.
+              3 seeds, fit to 0.95 accuracy in at most 3000 steps.
     interaction  rope, alibi, nope, t5, each with and without QK-norm (rms) x
               pre, post, sandwich, reordered, deepnorm, mixln, 3 seeds, on copy (the
               quick grid's model, fit to 0.99) and on text (length 64, 2000 steps);
@@ -115,11 +118,6 @@ def _sized(name: str, train_size: int, eval_sizes) -> dict:
             "eval.lengths": tuple(task.seq_len(n) - 1 for n in eval_sizes)}
 
 
-def _at_length(name: str, length: int, factors=(1, 2, 4, 8)) -> dict:
-    """Fields of a task trained at ``length`` tokens and evaluated at ``factors`` x ``length``."""
-    return {"task.name": name, "task.train_length": length, "eval.lengths": tuple(f * length for f in factors)}
-
-
 def _randomized(kinds, max_position: int) -> dict:
     """Randomized-position variants (Ruoss et al. 2023) of ``kinds``: ``<kind>_randomized``."""
     return {f"{k}_randomized": {"model.position.kind": k, "model.position.randomized": True,
@@ -156,7 +154,7 @@ def _task_grid(c, per_task: dict, positions, *, quick: bool) -> None:
                    log_every=every, progress=False)
     b.eval.update(batch_size=32, num_batches=2 if quick else 4)
     c.variants = default.fields({**per_task, **c.variants.to_dict()})
-    c.grid = _grid(tasks=tuple(per_task), positions=tuple(positions), seeds=(0, 1) if quick else (0, 1, 2))
+    c.grid = _grid(tasks=tuple(per_task), positions=tuple(positions), seeds=(0, 1, 2), vmap_seeds=True)
 
 
 def _more_zero_shot(base, factor: float) -> dict:
@@ -199,20 +197,23 @@ def attention_variants(base) -> dict:
     }
 
 
+COPY_SIZES = (7, 15, 31, 63)  # the quick grid: strings of up to 7 symbols, then 2x, 4x, 8x longer
+
+
 def _quick_copy(b) -> None:
     """The quick grid's task, model and budget (chosen by measurement; its outcome: README "Results").
 
-    Copy at length 16 (strings of 7 symbols), evaluated at 16-128 (8x); 3
+    Copy trained on strings of up to 7 symbols (16 tokens), evaluated in
+    Kazemnejad et al.'s size bins up to 8x (sizes 8-15, 16-31, 32-63); 3
     layers, so that NoPE fits too (with 2 it reached 0.85-0.975 in 4000
-    steps); trained until 0.99 validation token accuracy at length 16
-    (checked every 250 steps), at most 4000 steps (every seed of every
-    encoding fitted, NoPE last, at 3250-4000).
+    steps); trained until 0.99 validation token accuracy at the training
+    size (checked every 250 steps), at most 4000 steps.
     """
-    b.task.train_length = 16
+    b.update_from_flattened_dict(_sized("copy", COPY_SIZES[0], COPY_SIZES))
     b.model.update(d_model=64, num_layers=3, num_heads=4)
     b.train.update(steps=4000, batch_size=32, learning_rate=3e-3, warmup_steps=75, fit_accuracy=0.99,
                    fit_check_every=250, log_every=250, checkpoint_every=1000, progress=False)
-    b.eval.update(lengths=(16, 32, 64, 128), batch_size=32, num_batches=2)
+    b.eval.update(batch_size=32, num_batches=2)
 
 
 LM_POSITIONS = ("sinusoidal", "rope", "alibi", "t5", "kerple_log", "fire", "nope")
@@ -239,7 +240,7 @@ def _lm(c, *, quick: bool) -> None:
         b.model.update(d_model=256, num_layers=4, num_heads=8)
         b.train.update(steps=10000, batch_size=32, learning_rate=1e-3, warmup_steps=500)
     b.train.update(log_every=250, checkpoint_every=1000, progress=False)
-    c.grid = _grid(tasks=("text",), positions=LM_POSITIONS, seeds=(0, 1) if quick else (0, 1, 2))
+    c.grid = _grid(tasks=("text",), positions=LM_POSITIONS, seeds=(0, 1, 2))
 
 
 def randomizable_kinds() -> tuple[str, ...]:
@@ -300,7 +301,7 @@ def _interaction(c, *, quick: bool) -> None:
     b = c.base
     _quick_copy(b)
     text_length = 32 if quick else 64
-    copy = {"task.name": "copy", "task.train_length": 16, "eval.lengths": (16, 32, 64, 128)}
+    copy = _sized("copy", COPY_SIZES[0], COPY_SIZES)
     text = {"task.name": "text", "task.train_length": text_length, "task.options": {"max_bytes": 2_000_000},
             "eval.batch_size": 8, "eval.num_batches": 4,
             "eval.lengths": tuple(f * text_length for f in (1, 2, 4, 8)),
@@ -377,6 +378,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         names = ("parity", "reverse_string", "duplicate_string") if quick else chomsky_tasks()
         train_size, eval_sizes = (8, (8, 16, 32, 64)) if quick else (40, (40, 80, 160, 320, 500))
         per_task = {n: _sized(n, train_size, eval_sizes) for n in names}
+        # every test size between the evaluation lengths (41-80, ..., 321-500): the paper averages
+        # over every test size; the aggregate weights each bin by its number of sizes
+        c.base.eval.sizes = "bin"
         longest = max(max(f["eval.lengths"]) for f in per_task.values())
         # randomized positions from [0, 2048) as the reference, more if an eval length needs it
         c.variants = default.fields(_randomized(("sinusoidal", "rope"), max(2048, 2 ** longest.bit_length())))
@@ -386,13 +390,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             "transformer_xl"), quick=quick)
     elif arg in ("suite", "suite_quick"):
         quick = arg == "suite_quick"
+        # problem sizes, tokens derived (each task's size law): training sizes up to the first,
+        # then 2x, 4x, 8x larger problems
         if quick:
-            per_task = {n: _at_length(n, 32) for n in ("flip_flop", "count")}
+            sizes = {"flip_flop": 16, "count": 30}
         else:
-            per_task = {n: _at_length(n, 64) for n in ("mqar", "flip_flop", "induction", "polynomial",
-                                                       "summation", "count")}
-            per_task["lego"] = _at_length("lego", 32, (1, 2, 4))  # at most 26 variables: size 24 at 128
-            per_task["passkey"] = _at_length("passkey", 512)  # the prompt alone takes 253 bytes
+            sizes = {"mqar": 12, "flip_flop": 32, "induction": 61, "polynomial": 14, "summation": 62,
+                     "count": 62}
+        per_task = {n: _sized(n, k, (k, 2 * k, 4 * k, 8 * k)) for n, k in sizes.items()}
+        if not quick:
+            per_task["lego"] = _sized("lego", 5, (5, 10, 20))  # at most 26 variables
+            per_task["passkey"] = _sized("passkey", 260, (260, 772, 1796, 3844))  # filler characters
         _task_grid(c, per_task, ("nope", "rope", "alibi") if quick else (
             "nope", "sinusoidal", "rope", "alibi", "t5", "fire"), quick=quick)
     elif arg in ("lm", "lm_quick"):

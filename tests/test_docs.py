@@ -62,7 +62,7 @@ def test_every_documented_field_is_settable_from_the_command_line(tmp_path):
             cli.load(spec, [(field, repr(eval_default(rows, field)))], schema=Run)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("hello world, " * 2000)
-    c = cli.load(spec, [("task.name", "text"), ("task.options.path", str(corpus)),
+    c = cli.load(spec, [("task.name", "text"), ("task.options.path", str(corpus)), ("eval.tokens", "1024"),
                         ("task.options.eval_fraction", "0.2"),
                         ("eval.variants", '{"yarn4": {"model.position.rope.scaling": "yarn", '
                                           '"model.position.rope.factor": 4}}'),
@@ -76,7 +76,8 @@ def test_every_documented_field_is_settable_from_the_command_line(tmp_path):
     import numpy as np
 
     np.arange(4000, dtype=np.uint16).tofile(tokens)
-    c = cli.load(spec, [("task.name", "text"), ("task.options.tokens", str(tokens))], schema=Run)
+    c = cli.load(spec, [("task.name", "text"), ("task.options.tokens", str(tokens)), ("eval.tokens", "256")],
+                 schema=Run)
     assert resolve(c).task.tokens == str(tokens)
 
 
@@ -91,7 +92,7 @@ def test_every_study_field_is_settable(study):
     from posenc import experiments
 
     spec = f"{ROOT}/configs/{study}.py:smoke"
-    base = cli.load(spec)
+    base = experiments.engine.validate(experiments.study(study), cli.load(spec))  # every field, defaults too
     for field, _, _ in fields_doc.study_rows()[study]:
         value = base
         for part in field.split("."):

@@ -144,3 +144,10 @@ def test_decoded_metrics_lead_the_table_with_the_teacher_forced_ones_beside():
     assert report.main_metric("copy", rows) == "decoded_accuracy" and report.main_metric("copy", [row()]) == "accuracy"
     agg = report.aggregate(rows + [dict(r, eval_length=32, decoded_accuracy=0.2) for r in rows])
     assert agg["copy"]["rope"]["metric"] == "decoded_accuracy" and agg["copy"]["rope"]["stat"].mean == pytest.approx(0.2)
+
+
+def test_the_aggregate_weights_each_bin_by_its_sizes():
+    rows = [row(eval_length=16, train_length=8, accuracy=0.9, problem_size_min=5, problem_size_max=7),
+            row(eval_length=32, train_length=8, accuracy=0.3, problem_size_min=8, problem_size_max=15)]
+    # sizes 5-7 (3 of them) at 0.9, sizes 8-15 (8) at 0.3: the mean over the 11 sizes
+    assert report.aggregate(rows)["copy"]["rope"]["stat"].mean == pytest.approx((3 * 0.9 + 8 * 0.3) / 11)

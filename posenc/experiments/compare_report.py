@@ -250,11 +250,19 @@ def table_markdown(rows: list[dict], *, include_unfitted: bool = False) -> str:
 
 
 # ------------------------------------------------------------------- aggregate
+def _sizes_in(row) -> int:
+    """How many problem sizes a row's evaluation bin holds (1 for exact sizes and older rows)."""
+    lo, hi = row.get("problem_size_min"), row.get("problem_size_max")
+    return int(hi) - int(lo) + 1 if lo is not None and hi is not None else 1
+
+
 def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
     """``{task: {label: cell}}``: accuracy over the out-of-distribution lengths, mean over seeds.
 
     Each run's score is its mean accuracy over eval lengths > its training
-    length (lengths with no value, e.g. n/a, are skipped); a cell has
+    length, each length weighted by the number of problem sizes its bin holds
+    (so bins give the mean over every test size, as Delétang et al.; lengths
+    with no value, e.g. n/a, are skipped); a cell has
     ``stat`` ((mean, half_width, n) or None), ``unfitted``, ``diverged``,
     ``lengths`` (the most OOD lengths a run's score averages) and
     ``ood_lengths`` (how many there are). Tasks whose main metric is not
@@ -279,10 +287,11 @@ def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
                 failed_fit = any(r.get("fitted") is False for r in group)
                 unfitted += failed_fit
                 diverged += any(r.get("diverged_at_step") is not None for r in group)
-                values = [r[metric] for r in group
+                values = [(r[metric], _sizes_in(r)) for r in group
                           if r["eval_length"] > r["train_length"] and r.get(metric) is not None]
                 if values and (include_unfitted or not failed_fit):
-                    scores.append(float(np.mean(values)))
+                    # a length's score counts once per problem size its bin holds: the mean over sizes
+                    scores.append(float(np.average([v for v, _ in values], weights=[w for _, w in values])))
                     used = max(used, len(values))
             table[label] = dict(stat=interval(scores), unfitted=unfitted, diverged=diverged, lengths=used,
                                 ood_lengths=len(ood), metric=metric)

@@ -51,6 +51,8 @@ class StabilityConfig(Section):
     variants = Free("name -> dotted fields on top of base", dotted=True, check=_sets)
     sizes = Free("name -> dotted fields (width / depth) of each model size", dotted=True, check=_sets)
     seeds = Field((0,), _seeds, "train.seed values", type=tuple)
+    vmap_seeds = Field(True, lambda n, v: checks.boolean(n, v),
+                       "the seeds of a (size, variant, learning rate) train together in one vmapped step")
 
 
 def is_diverged(final_loss, initial_loss, diverged_at_step=None) -> bool:
@@ -78,12 +80,13 @@ class Stability(engine.Study):
             run = grid.run_config(config.base, [
                 (f"sizes.{size}", sizes[size]), (f"variants.{variant}", variants[variant]),
                 ("grid point", {"train.learning_rate": float(lr), "train.seed": int(seed)})], name=name)
+            group = grid.cell_key(run) if config.vmap_seeds and grid.vmappable(run) else None
             points.append(engine.Point(name, dict(size=size, variant=variant, learning_rate=float(lr),
-                                                  seed=int(seed)), run=run))
+                                                  seed=int(seed)), run=run, group=group))
         return points
 
     def run(self, points, ctx):
-        return [[self._row(p, grid.train([p], ctx)[0], ctx)] for p in points]
+        return [[self._row(p, rows, ctx)] for p, rows in zip(points, grid.train(points, ctx))]
 
     def _initial_loss(self, point, ctx) -> float:
         """Eval loss at the training length of the point's initial parameters (cached per cell)."""
