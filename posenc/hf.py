@@ -40,7 +40,7 @@ from flax import nnx
 
 from posenc import hf_families
 from posenc.model import Decoder, ModelSpec, model_config
-from posenc.training import overrides as overrides_lib
+from posenc.config import overrides as overrides_lib
 
 
 def _read_config(model_dir) -> dict:
@@ -56,13 +56,20 @@ def config(model_dir, *, overrides=None) -> ml_collections.ConfigDict:
     """The ``model`` ConfigDict of the checkpoint in ``model_dir`` (see the module docstring).
 
     ``overrides``: dotted ``model.*`` fields set afterwards, e.g.
-    ``{"model.position.rope.scaling": "yarn", ...}``.
+    ``{"model.position.rope.scaling": "yarn", ...}``; one that sets the RoPE scaling resets the
+    checkpoint's scaling options it does not set (factor, original_length, ...) to their defaults.
     """
     hf = _read_config(model_dir)
     family = hf_families.family(hf)
     c = ml_collections.ConfigDict({"model": model_config()})
     overrides_lib.apply(c, family.fields(hf), where=f"{model_dir!s}/config.json")
     if overrides:
+        overrides = dict(overrides)
+        if "model.position.rope.scaling" in overrides:  # another scaling: the checkpoint's options go
+            from posenc.model.encodings import rope as rope_unit
+
+            for name, default in rope_unit.scaling_defaults().items():
+                overrides.setdefault(f"model.position.rope.{name}", default)
         overrides_lib.apply(c, overrides, where="posenc.hf overrides")
     return c.model
 

@@ -159,6 +159,26 @@ def test_the_readmes_commands_name_real_configs_and_fields():
         cli.load(os.path.join(ROOT, config), overrides, schema=s)
 
 
+def _with_test_checkpoint(script, tmp_path):
+    """The README's Hugging Face example on tests/data/hf_models/llama (96 ids) with a word-level
+    tokenizer of its own and 32-token windows instead of a downloaded SmolLM2 and 4 x 8192."""
+    import shutil
+
+    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("safetensors")
+    model = tmp_path / "models" / "SmolLM2-135M"
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "hf_models", "llama"), model)
+    words = "the quick brown fox jumps over a lazy dog and rotary embeddings extend context".split()
+    vocab = {w: i for i, w in enumerate(["[UNK]", *words])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(model / "tokenizer.json"))
+    (tmp_path / "corpus.txt").write_text(" ".join(words * 4) + "\n")
+    line = "L = 4 * 8192"
+    assert line in script
+    return script.replace(line, "L = 32")
+
+
 @pytest.mark.slow
 def test_the_readmes_python_blocks_run_as_written(tmp_path):
     files, scripts = {}, []
@@ -172,6 +192,9 @@ def test_the_readmes_python_blocks_run_as_written(tmp_path):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", JAX_PLATFORMS="cpu")
+    for i, script in enumerate(scripts):
+        if "models/SmolLM2-135M" in script:  # the Hugging Face example, on the test checkpoint
+            scripts[i] = _with_test_checkpoint(script, tmp_path)
     for script in scripts:
         out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)

@@ -48,7 +48,7 @@ def test_a_partial_grid_reports_what_is_missing(smoke, tmp_path):
     written = experiments.report(workdir)
     table = open(os.path.join(workdir, "table.md")).read()
     assert table.startswith("**Partial: 1 of 4 points have no rows yet** (copy_alibi_rms-pre_s1)")
-    assert "| alibi | " in table and "over 2 seed(s)" in table  # rope has both seeds, alibi one
+    assert "| alibi | " in table and "; 2 seed(s)" in table  # rope has both seeds, alibi one
     assert os.path.join(workdir, "table.md") in written
     assert len(files.read_jsonl(os.path.join(workdir, "results.jsonl"))) == len(smoke[1]) - 2
 
@@ -112,6 +112,8 @@ def _layer(module: str) -> str | None:
     if len(parts) == 1 or parts[1] in ("checks", "files"):
         return "pure"
     sub = parts[1]
+    if sub in ("hf", "hf_families"):  # the checkpoint loader: model layer, public as posenc.hf
+        return "model"
     return sub if sub in LAYERS else "pure"
 
 

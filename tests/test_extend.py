@@ -231,7 +231,7 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     c.base_hf = model_dir
     c.base.task.options = {"tokens": str(tokens)}
     c.base.task.train_length = 8
-    c.base.eval.update(batch_size=2, num_batches=1)
+    c.base.eval.update(batch_size=2, num_batches=1, tokens=16)  # two windows of 8, one of 16
     c.methods, c.factors, c.finetune_steps = ("default", "linear", "yarn"), (2,), (0,)
     workdir = str(tmp_path / "ext")
     rows = experiments.run("extend", c, workdir)

@@ -124,6 +124,22 @@ def _copy(family, tmp_path, edit):
     return out
 
 
+def test_an_override_of_the_scaling_resets_the_checkpoints_scaling_options():
+    llama = os.path.join(DATA, "llama")  # Llama 3 scaling: factor 8, original_length 16
+    rope = hf.config(llama).position.rope
+    assert (rope.scaling, rope.factor, rope.original_length, rope.high_freq_factor) == ("llama3", 8.0, 16, 4.0)
+    ntk = hf.config(llama, overrides={"model.position.rope.scaling": "ntk",
+                                      "model.position.rope.factor": 4.0}).position.rope
+    assert (ntk.scaling, ntk.factor, ntk.original_length, ntk.high_freq_factor) == ("ntk", 4.0, 0, 4.0)
+    assert ntk.low_freq_factor == 1.0 and ntk.base == rope.base  # defaults; the checkpoint's base stays
+    yarn = hf.config(llama, overrides={"model.position.rope.scaling": "yarn", "model.position.rope.factor": 4.0,
+                                       "model.position.rope.original_length": 16}).position.rope
+    assert (yarn.scaling, yarn.original_length) == ("yarn", 16)
+    for model in (ntk, yarn):
+        hf.load(llama, overrides={f"model.position.rope.{k}": v for k, v in model.items()
+                                  if k in ("scaling", "factor", "original_length")})
+
+
 def test_transformers_4_config_format_reads_the_same(tmp_path):
     """rope_theta / rope_scaling at the top level (4.x, most hub configs) = rope_parameters (5.x)."""
     def old_style(cfg):

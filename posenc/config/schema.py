@@ -172,6 +172,8 @@ class Field:
 
     def config_value(self):
         """The field's initial value in a ConfigDict (a typed placeholder for None)."""
+        if self.type is object:  # any value (e.g. an int or "auto"): a reference typed object
+            return config_dict.FieldReference(self.default, field_type=object)
         if self.default is None:
             base = self.type
             args = [a for a in typing.get_args(base) if a is not type(None)]

@@ -130,8 +130,7 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
     options of other scalings to their defaults, whatever the base had.
     """
     from posenc import rope_scaling
-    from posenc.model import options as options_lib
-    from posenc.model.encodings.rope import RoPE
+    from posenc.model.encodings import rope as rope_unit
     from posenc.training import longrope as longrope_lib
 
     if method == "default":
@@ -149,10 +148,8 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
         if "original_length" in used:
             fields["model.position.rope.original_length"] = int(original_length)
         fields.update({f"model.position.rope.{k}": v for k, v in extra.items()})
-    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
-    scaling_options = {k for ks in rope_scaling.KEYWORDS.values() for k in ks} - {"base", "seq_len"}
-    for name in sorted(scaling_options & set(defaults)):
-        fields.setdefault(f"model.position.rope.{name}", defaults[name])
+    for name, default in rope_unit.scaling_defaults().items():
+        fields.setdefault(f"model.position.rope.{name}", default)
     return fields
 
 

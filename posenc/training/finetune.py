@@ -226,10 +226,12 @@ def evaluate_on(params, resolved, task_name: str, lengths, *, options=None, spec
 
     ``resolved`` gives the model (``spec`` overrides it, e.g. an evaluation
     variant's) and ``eval.*`` (``eval_fields`` update it, e.g. num_batches);
-    ``task.name`` / ``task.options`` are replaced for this evaluation only.
+    ``task.name`` / ``task.options`` and ``eval.lengths`` (which the size bins follow) are
+    replaced for this evaluation only.
     """
     config = setup.plain_copy(resolved.config)
     config.eval.update(dict(eval_fields or {}))
+    config.eval.lengths = tuple(int(n) for n in lengths)  # the size bins follow these lengths
     config.task.name = task_name
     config.task.options = ml_collections.ConfigDict(dict(options or {}))
     task = setup.make_task(config)

@@ -103,3 +103,14 @@ class RoPE(Encoding):
 
     def key(self, k, positions, *, seq_len):
         return self._rotate(k, positions, seq_len)
+
+
+def scaling_defaults() -> dict:
+    """``{option: default}`` of every option a RoPE scaling reads (factor, original_length, the
+    YaRN / Llama 3 / LongRoPE constants; base excluded): the fields to reset when a model
+    changes its scaling, so the old scaling's options do not linger."""
+    from posenc.model import options as options_lib
+
+    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
+    used = {k for ks in rope_scaling.KEYWORDS.values() for k in ks} - {"base", "seq_len"}
+    return {name: defaults[name] for name in sorted(used & set(defaults))}
