@@ -353,10 +353,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.variants = default.fields(attention_variants(c.base))
         c.grid = _grid(tasks=("copy", "reverse"), positions=(*sorted(ENCODINGS), *c.variants), seeds=(0, 1, 2))
     elif arg == "norms":
-        from posenc import registry
+        from posenc import norm_names
 
         c.base.train.update(learning_rate=3e-3, progress=False)
-        c.grid = _grid(placements=tuple(registry.PLACEMENTS), seeds=(0, 1))
+        c.grid = _grid(placements=tuple(norm_names.PLACEMENTS), seeds=(0, 1))
     elif arg == "scaling":
         c.base.train.progress = False
         # Zero-shot context extension: one trained RoPE model per seed, evaluated with each

@@ -13,7 +13,7 @@ list of variant tokens, applied left to right:
     <task>        any posenc.tasks.TASKS name (default copy); text: byte-level LM on
                   the Python stdlib, length 64, eval to 1024
     <position>    any posenc.model.ENCODINGS name (default rope), e.g. alibi
-    <placement>   any posenc.registry.PLACEMENTS name (default pre), e.g. post
+    <placement>   any posenc.norm_names.PLACEMENTS name (default pre), e.g. post
     randomized    randomized positions (Ruoss et al. 2023) at training and evaluation
     fit           train until validation accuracy at the training length reaches 0.99
                   (checked every 250 steps), at most train.steps
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from posenc import registry, tasks
+from posenc import norm_names, tasks
 from posenc.config import overrides
 from posenc.config.schema import unknown_argument
 from posenc.model import ENCODINGS, presets
@@ -100,7 +100,7 @@ def word_fields(c: ml_collections.ConfigDict, token: str) -> dict:
         return {"task.name": token}
     if token in ENCODINGS:
         return {"model.position.kind": token}
-    if token in registry.PLACEMENTS:
+    if token in norm_names.PLACEMENTS:
         return {"model.norm.placement": token}
     if token == "randomized":
         return {"model.position.randomized": True,
@@ -111,7 +111,7 @@ def word_fields(c: ml_collections.ConfigDict, token: str) -> dict:
         return TINY
     if token in PRESETS:
         return PRESETS[token](c)
-    allowed = [*tasks.TASKS, *ENCODINGS, *registry.PLACEMENTS, "randomized", "fit", "tiny", *PRESETS]
+    allowed = [*tasks.TASKS, *ENCODINGS, *norm_names.PLACEMENTS, "randomized", "fit", "tiny", *PRESETS]
     raise unknown_argument("configs/default.py", token, allowed)
 
 

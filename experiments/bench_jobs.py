@@ -31,7 +31,7 @@ def _grid_cells(grid_name: str):
     (or the grid's first position), the grid's first placement and norm."""
     import importlib.util
 
-    from posenc.training import overrides, setup
+    from posenc.training import overrides, prepare
 
     spec = importlib.util.spec_from_file_location(
         "cfg_compare", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -43,14 +43,14 @@ def _grid_cells(grid_name: str):
     position = "rope" if "rope" in positions else positions[0]
     cells = []
     for task in g.grid.tasks:
-        run = setup.plain_copy(g.base)
+        run = prepare.plain_copy(g.base)
         for axis, field, entry in (("tasks", "task.name", task), ("positions", "model.position.kind", position),
                                    ("placements", "model.norm.placement", g.grid.placements[0]),
                                    ("norms", "model.norm.kind", g.grid.norms[0])):
             fields = (overrides.as_dict(g.variants[entry]) if isinstance(entry, str) and entry in g.variants
                       else {field: entry})
             overrides.apply(run, fields, where=f"grid.{axis} entry {entry!r}")
-        cells.append((task, position, setup.resolve(run), len(g.grid.seeds) if g.grid.vmap_seeds else 1))
+        cells.append((task, position, prepare.resolve(run), len(g.grid.seeds) if g.grid.vmap_seeds else 1))
     return cells
 
 

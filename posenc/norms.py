@@ -311,3 +311,13 @@ def init_params(kind, dim, *, dyt_alpha=None):
     checks.no_extra(f"init_params of norm kind {kind!r}", kw, allowed=norm.init_keywords)
     dim = checks.integer("dim", dim, minimum=1)
     return norm.init(dim, **kw)
+
+
+def embed_scale(dim, dtype):
+    """Token-embedding multiplier ``sqrt(dim)`` cast to ``dtype`` (Vaswani et al. 2017; Gemma).
+
+    Gemma casts the normaliser to the activation dtype, so in bf16
+    ``sqrt(3072) = 55.43`` becomes 55.5.
+    """
+    checks.integer("dim", dim, minimum=1)
+    return jnp.asarray(math.sqrt(dim), dtype)

@@ -65,12 +65,12 @@ def test_bias_curves_follow_the_t5_buckets_and_merge_a_shared_table():
 
 def _resolved(kind="rope", **model):
     from configs import default
-    from posenc.training import setup
+    from posenc.training import prepare
 
     c = default.get_config("tiny")
     c.model.position.kind = kind
     c.model.update(model)
-    return setup.resolve(c)
+    return prepare.resolve(c)
 
 
 def test_rope_wavelengths_and_what_each_scaling_changes():

@@ -17,19 +17,19 @@ import pytest
 from flax import nnx
 
 import posenc
-from posenc import registry
+from posenc import norm_names
 from posenc.model import ENCODINGS, Encoding, EncodingCheckError, check_encoding, conformance
 
-_PLACEMENTS = itertools.cycle(registry.PLACEMENTS)
-_NORMS = itertools.cycle(registry.NORM_KINDS)
+_PLACEMENTS = itertools.cycle(norm_names.PLACEMENTS)
+_NORMS = itertools.cycle(norm_names.NORM_KINDS)
 CASES = [(kind, next(_PLACEMENTS), next(_NORMS)) for kind in sorted(ENCODINGS)]  # plugins included
 OPTIONS = {"irope": dict(nope_every=2)}  # a NoPE layer among the 2
 
 
 def test_cases_cover_every_encoding_placement_and_norm():
     assert [k for k, _, _ in CASES] == sorted(ENCODINGS)
-    assert {p for _, p, _ in CASES} == set(registry.PLACEMENTS)
-    assert {n for _, _, n in CASES} == set(registry.NORM_KINDS)
+    assert {p for _, p, _ in CASES} == set(norm_names.PLACEMENTS)
+    assert {n for _, _, n in CASES} == set(norm_names.NORM_KINDS)
 
 
 @pytest.mark.parametrize("kind,placement,norm", CASES)

@@ -108,7 +108,7 @@ def test_eval_set_correctness_of_a_task():
     import os
 
     from posenc.model import Decoder
-    from posenc.training import setup
+    from posenc.training import prepare
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(root, "configs", "default.py"))
@@ -116,7 +116,7 @@ def test_eval_set_correctness_of_a_task():
     spec.loader.exec_module(module)
     c = module.get_config("tiny")
     c.eval.update(batch_size=4, num_batches=2, max_tokens_per_step=32)  # 2 rows per decode
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     correct, mask = decode.eval_correctness(model, r.task, r.config, 16)
     assert correct.shape == mask.shape == (8, 16)

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from posenc.model import Decoder
-from posenc.training import NonFiniteError, finish, loop, optim, overrides, results, setup
+from posenc.training import NonFiniteError, finish, loop, optim, overrides, results, prepare
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -32,7 +32,7 @@ def tiny():
 
 
 def restored_params(config, workdir):
-    r = setup.resolve(config)
+    r = prepare.resolve(config)
     model = Decoder(r.spec, rngs=nnx.Rngs(99))
     opt = nnx.Optimizer(model, optim.make_optimizer(r.config.train), wrt=nnx.Param)
     _, state = nnx.split((model, opt))
@@ -111,9 +111,9 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
     assert all(np.isfinite(x).all() for x in leaves if x.dtype == np.float32)
     assert np.isfinite(record["metrics"]["loss"])
     # grids record divergence as a result: the run then counts as complete
-    rows = finish.record_divergence(setup.resolve(tiny()), str(tmp_path), e.value)
+    rows = finish.record_divergence(prepare.resolve(tiny()), str(tmp_path), e.value)
     assert [(r["eval_length"], r["loss"], r["diverged_at_step"]) for r in rows] == [(16, None, 13), (32, None, 13)]
-    assert setup.completed_rows(tiny(), str(tmp_path)) == rows
+    assert prepare.completed_rows(tiny(), str(tmp_path)) == rows
 
 
 def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):
@@ -170,7 +170,7 @@ def test_grid_expansion_and_overrides():
         overrides.apply(rope.config, {"train.stepz": 3})
     c.grid.positions = ("rope", "alibi")
     c.variants = overrides.fields({"rope": {"model.position.rope.beta_fast": 3.0}})
-    with pytest.raises(setup.ConfigError, match="grid point copy_rope_rms-pre_s0: model.position.rope.beta_fast"):
+    with pytest.raises(prepare.ConfigError, match="grid point copy_rope_rms-pre_s0: model.position.rope.beta_fast"):
         grid_points(c)  # every point is validated before any run starts
 
 

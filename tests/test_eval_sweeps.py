@@ -12,7 +12,7 @@ from flax import nnx
 
 from posenc import tasks
 from posenc.model import Decoder
-from posenc.training import evaluate, finish, results, setup
+from posenc.training import evaluate, finish, results, prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +60,7 @@ def test_text_rows_carry_perplexity_over_all_and_over_the_last_l_tokens(text_tas
     c = config("text,tiny")  # train length 16
     c.task.options = ml_collections.ConfigDict(dict(max_bytes=300_000, eval_fraction=0.5))
     c.eval.update(lengths=(32,), batch_size=4, tokens=256, position_buckets=4, max_tokens_per_step=0)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     (row,) = evaluate.evaluate(model, r)
     # reference: the 8 first consecutive windows of the eval split, scored directly
@@ -82,14 +82,14 @@ def test_every_length_scores_the_same_held_out_tokens_and_sliding_scores_each_on
     c = config("text,tiny")
     c.task.options = ml_collections.ConfigDict(dict(max_bytes=300_000, eval_fraction=0.5))
     c.eval.update(lengths=(16, 32, 64), batch_size=4, tokens=192, max_tokens_per_step=0)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     rows = evaluate.evaluate(model, r)
     assert [row["eval_tokens"] for row in rows] == [192] * 3 and [row["eval_windows"] for row in rows] == [12, 6, 3]
     # sliding windows of 32 every 8 tokens: the first window scores 32 targets, each later one its last 8
     data = np.asarray(text_task.corpus.data["eval"]).astype(np.int32)
     c.eval.update(lengths=(32,), text_protocol="sliding", stride=8, tokens=96)
-    (row,) = evaluate.evaluate(model, setup.resolve(c))
+    (row,) = evaluate.evaluate(model, prepare.resolve(c))
     assert row["eval_windows"] == 1 + (96 - 32) // 8 and row["eval_tokens"] == 96
     ce, scored = [], []
     for w in range(row["eval_windows"]):
@@ -103,17 +103,17 @@ def test_every_length_scores_the_same_held_out_tokens_and_sliding_scores_each_on
     assert row["loss"] == pytest.approx(np.concatenate(ce).mean(), rel=1e-5)
     # a split too small for eval.tokens, or a length that does not tile them, fails before compiling
     c.eval.update(text_protocol="nonoverlapping", stride=0, lengths=(50,), tokens=192)
-    with pytest.raises(setup.ConfigError, match=r"eval.tokens=192 is not 50 \+ a multiple of 50"):
-        setup.resolve(c)
+    with pytest.raises(prepare.ConfigError, match=r"eval.tokens=192 is not 50 \+ a multiple of 50"):
+        prepare.resolve(c)
     c.eval.update(lengths=(32,), tokens=2**24)
-    with pytest.raises(setup.ConfigError, match="needs 16777217 held-out tokens; the held-out split holds"):
-        setup.resolve(c)
+    with pytest.raises(prepare.ConfigError, match="needs 16777217 held-out tokens; the held-out split holds"):
+        prepare.resolve(c)
 
 
 def test_each_sweep_point_is_evaluated_with_its_own_task(tmp_path):
     c = config("flip_flop,tiny")
     c.eval.update(lengths=(16,), batch_size=8, num_batches=1)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     rows = evaluate.evaluate(model, r)
     assert [row.get("sweep") for row in rows] == [None, {"p_ignore": 0.1}, {"p_ignore": 0.8}, {"p_ignore": 0.98}]
@@ -125,7 +125,7 @@ def test_each_sweep_point_is_evaluated_with_its_own_task(tmp_path):
     for row, p in ((dense, 0.1), (sparse, 0.98)):
         c2 = c.copy_and_resolve_references()
         c2.task.options = ml_collections.ConfigDict({"p_ignore": p})
-        r2 = setup.resolve(c2)
+        r2 = prepare.resolve(c2)
         alone = evaluate.evaluate_length(model, r2.task, r2.config, r2.spec, 16)
         assert row["loss"] == alone["loss"] and row["eval_tokens"] == alone["eval_tokens"]
     # rows of one run that differ only in the sweep point are all kept in results.jsonl

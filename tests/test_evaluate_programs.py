@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from posenc.model import Decoder
-from posenc.training import evaluate, overrides, setup
+from posenc.training import evaluate, overrides, prepare
 from posenc.training import eval_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,7 +42,7 @@ def chunk_by_chunk(model, r, length):
 def test_one_call_per_length_equals_chunk_by_chunk_calls():
     c = tiny_config()
     c.eval.update(lengths=(16,), batch_size=8, num_batches=3, max_tokens_per_step=40)  # 4 chunks
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     totals, rows = chunk_by_chunk(model, r, 16)
     assert rows == 2
@@ -72,7 +72,7 @@ def test_seeds_evaluated_together_equal_one_model_at_a_time(arg):
         c.task.options.update(max_bytes=300_000, eval_fraction=0.5)
         c.eval.lengths = (64, 128)
         c.model.position.kind = "learned"  # 64 rows: 128 is not applicable
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     models = seed_models(r.spec)
     together = evaluate.evaluate_seeds(models, r)
     assert len(together) == 3
@@ -99,7 +99,7 @@ def test_rows_carry_the_decoded_answers_scores():
 
     c = tiny_config()
     c.eval.update(lengths=(16, 32), batch_size=8, num_batches=2)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     rows = evaluate.evaluate(model, r)
     for row in rows:
@@ -112,4 +112,4 @@ def test_rows_carry_the_decoded_answers_scores():
         assert (row["problem_size_min"], row["problem_size_max"]) == (plan.min_size, plan.max_size)
     assert rows[1]["problem_size_min"] == rows[0]["problem_size_max"] + 1  # copy: the next size bin
     c.eval.decode = False
-    assert "decoded_accuracy" not in evaluate.evaluate(model, setup.resolve(c))[0]
+    assert "decoded_accuracy" not in evaluate.evaluate(model, prepare.resolve(c))[0]

@@ -16,7 +16,7 @@ from posenc import experiments, rope_search
 from posenc.experiments import engine
 from posenc.experiments import extend as study
 from posenc.model import ModelSpec
-from posenc.training import finetune, longrope, results, setup
+from posenc.training import finetune, longrope, results, prepare
 
 
 def tiny_config():
@@ -40,7 +40,7 @@ def test_every_method_builds_a_valid_config(tiny_study):
     found = rope_search.read_json(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
     fields = {m: study.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
     assert set(extend_config.METHODS) == set(study.METHODS)
-    zero = setup.resolve(study.zero_shot_config(base.resolved.config, fields, 64))
+    zero = prepare.resolve(study.zero_shot_config(base.resolved.config, fields, 64))
     assert set(zero.eval_variants) == set(study.METHODS) - {"default"}
     options = {m: s.position.options["rope"] for m, (_, s) in zero.eval_variants.items()}
     assert options["yarn"]["temperature"] == "paper"
@@ -48,7 +48,7 @@ def test_every_method_builds_a_valid_config(tiny_study):
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
     assert all(o["original_length"] == 16 for m, o in options.items() if m not in ("linear", "ntk"))
     for m in ("dynamic_yarn", "llama3", "longrope"):  # fine-tunes at 64 keep L = 16 as the original
-        ft = setup.resolve(study.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
+        ft = prepare.resolve(study.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
         assert ft.config.task.train_length == 64 and ft.config.train.batch_size == 1  # 4 * 16 / 64
         assert ft.spec.position.options["rope"]["original_length"] == 16
 
@@ -116,13 +116,13 @@ def test_continuing_needs_a_constant_learning_rate(continued):
     shorter = finetune.load_run(os.path.join(run_dir(workdir, "finetune_default_x2_s0"), "n2")).resolved
     longer = finetune.load_run(os.path.join(run_dir(workdir, "finetune_default_x2_s0"), "n4")).resolved
     finetune.check_continuable(shorter, longer)
-    cosine = [setup.plain_copy(r.config) for r in (shorter, longer)]
+    cosine = [prepare.plain_copy(r.config) for r in (shorter, longer)]
     for c in cosine:
         c.train.min_lr_ratio = 0.1  # cosine decay to 10%: step t's learning rate depends on steps
     with pytest.raises(ValueError, match="min_lr_ratio=1.0"):
-        finetune.check_continuable(*map(setup.resolve, cosine))
+        finetune.check_continuable(*map(prepare.resolve, cosine))
     with pytest.raises(ValueError, match="differs from this one in more than train.steps"):
-        finetune.check_continuable(shorter, setup.resolve(cosine[1]))
+        finetune.check_continuable(shorter, prepare.resolve(cosine[1]))
     with pytest.raises(ValueError, match="must be below"):
         finetune.check_continuable(longer, shorter)
 
@@ -131,9 +131,9 @@ def test_continuing_needs_a_constant_learning_rate(continued):
 def test_fine_tune_config_must_take_the_base_parameters(tiny_study, tmp_path):
     workdir, _ = tiny_study
     base = finetune.load_run(run_dir(workdir, "base_s0"))
-    c = setup.plain_copy(base.resolved.config)
+    c = prepare.plain_copy(base.resolved.config)
     c.model.d_model = 32
-    with pytest.raises(setup.ConfigError, match=r"\['wk'\].* is \(16, 2, 8\) in the base run and "
+    with pytest.raises(prepare.ConfigError, match=r"\['wk'\].* is \(16, 2, 8\) in the base run and "
                                                 r"\(32, 2, 16\) in the config"):
         finetune.finetune(base, c, str(tmp_path / "bad"))
     with pytest.raises(ValueError, match="no config.json"):
@@ -149,7 +149,7 @@ def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
                                           batch_size=2, seed=0)
     lam = np.array([1.0, 1.2, 1.7, 2.3])
     # the same parameters in a model built from the config fields of those factors
-    c = setup.plain_copy(base.resolved.config)
+    c = prepare.plain_copy(base.resolved.config)
     c.model.position.rope.update(scaling="longrope", factor=2.0, original_length=16,
                                  short_factor=tuple(lam), long_factor=tuple(lam))
     other = finetune.model_with(base.params, ModelSpec.from_config(c.model, train_length=16))
@@ -193,10 +193,10 @@ def test_config_args():
         if arg != "smoke":
             assert set(c.methods) == set(study.METHODS)
         assert c.finetune.min_lr_ratio == 1.0  # budgets continue each other
-        setup.resolve(c.base)
+        prepare.resolve(c.base)
     c = extend_config.get_config("quick")
     c.methods = ("yarn", "pi")
-    with pytest.raises(setup.ConfigError, match="methods entry"):
+    with pytest.raises(prepare.ConfigError, match="methods entry"):
         engine.validate(experiments.study("extend"), c)
     with pytest.raises(ValueError, match="unknown configs/extend.py argument"):
         extend_config.get_config("tiny")
@@ -247,6 +247,6 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     assert base_row["loss"] == pytest.approx(float(loss), rel=1e-5)
     linear = next(r for r in rows if r["method"] == "linear" and r["eval_length"] == 16)
     assert np.isfinite(linear["loss"]) and linear["finetune_steps"] == 0
-    with pytest.raises(setup.ConfigError, match="base_run and base_hf both name a base model"):
+    with pytest.raises(prepare.ConfigError, match="base_run and base_hf both name a base model"):
         c.base_run = workdir
         engine.validate(experiments.study("extend"), c)

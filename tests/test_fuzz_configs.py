@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from flax import nnx
 from jax import monitoring
 
-from posenc import registry, rope, rope_scaling
+from posenc import norm_names, rope, rope_scaling
 from posenc.tasks import TASKS
 from posenc.model import ENCODINGS
 from posenc.model import spec as spec_lib
-from posenc.training import loop, overrides, setup
+from posenc.training import loop, overrides, prepare
 from posenc.training import step as step_lib
 
 SLOW = bool(os.environ.get("POSENC_SLOW"))
@@ -87,9 +87,9 @@ def valid_fields(draw):
          "model.tie_embeddings": draw(st.booleans()),
          "model.attention_impl": draw(st.sampled_from(["auto", "dense", "blocked"])),
          "model.attention_block": draw(st.sampled_from([4, 512])),
-         "model.norm.kind": draw(st.sampled_from(sorted(registry.NORM_KINDS))),
-         "model.norm.placement": draw(st.sampled_from(sorted(registry.PLACEMENTS))),
-         "model.norm.qk_norm": draw(st.sampled_from(sorted(registry.QK_NORMS))),
+         "model.norm.kind": draw(st.sampled_from(sorted(norm_names.NORM_KINDS))),
+         "model.norm.placement": draw(st.sampled_from(sorted(norm_names.PLACEMENTS))),
+         "model.norm.qk_norm": draw(st.sampled_from(sorted(norm_names.QK_NORMS))),
          "model.norm.attn_softcap": draw(st.sampled_from([0.0, 5.0])),
          "model.norm.final_softcap": draw(st.sampled_from([0.0, 3.0])),
          "model.norm.embed_scale": draw(st.booleans()),
@@ -128,9 +128,9 @@ def _check_program(task, config):
 @given(valid_fields())
 def test_random_valid_configs_train_a_step_and_decode_like_the_full_forward(drawn):
     fields, offset = drawn
-    config = setup.plain_copy(BASE)
+    config = prepare.plain_copy(BASE)
     overrides.apply(config, fields)
-    resolved = setup.resolve(config)  # a valid config is accepted as it is
+    resolved = prepare.resolve(config)  # a valid config is accepted as it is
     model, optimizer, _, _ = loop.init_state(resolved)
     _perturbed(model, seed=offset + len(fields))
     graphdef, state = nnx.split((model, optimizer))
@@ -230,12 +230,12 @@ MUTATIONS = {
     "model.position.t5.num_buckets": (st.integers(2, 31), "is set, but no layer uses t5"),
     "model.position.shaw.max_distance": (st.integers(1, 19), "is set, but no layer uses shaw"),
 }
-# Known gaps: these messages name the choice but not the field (posenc/model/spec.py, registry.py).
+# Known gaps: these messages name the choice but not the field (posenc/model/spec.py, norm_names.py).
 UNNAMED = {
     "model.position.kind": (_not_in(tuple(ENCODINGS)), _CHOOSE + ", ".join(sorted(ENCODINGS))),
-    "model.norm.kind": (_not_in(tuple(registry.NORM_KINDS)), _CHOOSE + ", ".join(sorted(registry.NORM_KINDS))),
-    "model.norm.placement": (_not_in(tuple(registry.PLACEMENTS)), _CHOOSE + ", ".join(sorted(registry.PLACEMENTS))),
-    "model.norm.qk_norm": (_not_in(tuple(registry.QK_NORMS)), _CHOOSE + ", ".join(sorted(registry.QK_NORMS))),
+    "model.norm.kind": (_not_in(tuple(norm_names.NORM_KINDS)), _CHOOSE + ", ".join(sorted(norm_names.NORM_KINDS))),
+    "model.norm.placement": (_not_in(tuple(norm_names.PLACEMENTS)), _CHOOSE + ", ".join(sorted(norm_names.PLACEMENTS))),
+    "model.norm.qk_norm": (_not_in(tuple(norm_names.QK_NORMS)), _CHOOSE + ", ".join(sorted(norm_names.QK_NORMS))),
 }
 
 
@@ -254,7 +254,7 @@ def _refused_early(tmp_path, field, value):
     before = sum(_COMPILES.values())
     with pytest.raises(ValueError) as e:
         loop.run(d, str(workdir))
-    assert isinstance(e.value, setup.ConfigError)
+    assert isinstance(e.value, prepare.ConfigError)
     assert sum(_COMPILES.values()) == before, f"{field}={value!r} compiled before it was refused"
     assert not workdir.exists(), f"{field}={value!r} claimed its workdir before it was refused"
     return str(e.value)

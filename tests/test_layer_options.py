@@ -196,11 +196,11 @@ def test_qk_norm_before_or_after_rope(kind, after):
 
 
 def test_rms_plain_has_no_parameters_and_is_the_hf_formula():
-    from posenc import stability
+    from posenc import qk_norm
     q = jax.random.normal(jax.random.key(3), (2, 5, 4, 8))
     k = jax.random.normal(jax.random.key(4), (2, 5, 2, 8))
-    assert stability.qk_norm_init("rms_plain", 4, 2, 8) == {}
-    qn, kn = stability.qk_norm("rms_plain", q, k, {}, eps=1e-5)
+    assert qk_norm.qk_norm_init("rms_plain", 4, 2, 8) == {}
+    qn, kn = qk_norm.qk_norm("rms_plain", q, k, {}, eps=1e-5)
     x = np.asarray(q, np.float64)
     np.testing.assert_allclose(np.asarray(qn), x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-5),
                                rtol=1e-5, atol=1e-6)

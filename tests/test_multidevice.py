@@ -69,9 +69,9 @@ def _train_steps(config, steps):
     from posenc.training import loop, sharding
     from posenc.training import step as step_lib
 
-    from posenc.training import setup
+    from posenc.training import prepare
 
-    r = setup.resolve(config)
+    r = prepare.resolve(config)
     config, task = r.config, r.task
     graphdef, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(config)
@@ -93,10 +93,10 @@ def _train_chunk(config, steps):
     """``steps`` steps in one call of the jitted chunk on the mesh; (losses, final state)."""
     import jax
 
-    from posenc.training import loop, setup, sharding
+    from posenc.training import loop, prepare, sharding
     from posenc.training import step as step_lib
 
-    r = setup.resolve(config)
+    r = prepare.resolve(config)
     graphdef, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(r.config)
     state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(r.config))
@@ -112,9 +112,9 @@ def _restore(config, directory):
     from posenc.training import sharding
     from posenc.training.checkpoint import Checkpointer
 
-    from posenc.training import setup
+    from posenc.training import prepare
 
-    r = setup.resolve(config)
+    r = prepare.resolve(config)
     config = r.config
     _, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(config)
@@ -154,9 +154,9 @@ def worker_four(out):
     report["ckpt4_step"] = record["step"]
     np.savez(os.path.join(out, "ckpt4.npz"), **_leaves(state))
     # 1 -> 4: a state on one device (as a 1-device run saves it) restores FSDP-sharded
-    from posenc.training import setup
+    from posenc.training import prepare
 
-    resolved = setup.resolve(_config(True))
+    resolved = prepare.resolve(_config(True))
     config = resolved.config
     _, single = _fresh_state(resolved)
     ckpt = Checkpointer(os.path.join(out, "ckpt1"))

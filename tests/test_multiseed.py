@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from posenc.training import finish, loop, multiseed, results, setup
+from posenc.training import finish, loop, multiseed, results, prepare
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -127,8 +127,8 @@ def test_one_diverging_seed_keeps_the_others(tmp_path, monkeypatch, separate):
     # seed 0 trained on alone (in a stack of one) and equals its separate run
     assert_rows_close(outs[0], separate[0][1])
     assert_logs_close(dirs[0], separate[0][0])
-    rows = finish.record_divergence(setup.resolve(config(1)), dirs[1], outs[1])
-    assert setup.completed_rows(config(1), dirs[1]) == rows and rows[0]["diverged_at_step"] == 2
+    rows = finish.record_divergence(prepare.resolve(config(1)), dirs[1], outs[1])
+    assert prepare.completed_rows(config(1), dirs[1]) == rows and rows[0]["diverged_at_step"] == 2
 
 
 def test_a_fitted_seed_leaves_the_group_and_the_others_go_on(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc import norms, registry
+from posenc import norms, norm_names
 
 D = 8
 
@@ -258,7 +258,7 @@ def test_init_params_shapes_and_values():
     assert lp["scale"].dtype == jnp.float32 and lp["bias"].shape == (D,)
 
 
-@pytest.mark.parametrize("kind", sorted(registry.NORM_KINDS))
+@pytest.mark.parametrize("kind", sorted(norm_names.NORM_KINDS))
 def test_gradients_finite_at_zero_input(kind):
     params = norms.init_params(kind, D)
     w = jnp.asarray(_vec(15, -1.0, 1.0))
@@ -331,7 +331,7 @@ def test_unknown_kind_lists_all_kinds():
     ):
         with pytest.raises(ValueError, match="unknown norm kind 'rsm'") as e:
             call()
-        for kind in registry.NORM_KINDS:
+        for kind in norm_names.NORM_KINDS:
             assert kind in str(e.value)
 
 

@@ -3,7 +3,7 @@
 Reference: fla-org/flash-linear-attention @ bc3b101, fla/layers/path_attn.py
 ``PaTHAttention.forward`` (training branch: ``w_proj`` full rank under GQA or low rank, ``ShortConvolution`` with SiLU,
 ``l2_norm``, ``beta = 2 sigmoid(bt_proj(x))``, ``g = logsigmoid(g_proj(x))``, then
-``parallel_path_attn``), in numpy float64 with the transcriptions of tests/test_path_attention.py
+``parallel_path_attn``), in numpy float64 with the transcriptions of tests/test_path.py
 (``naive_path_attn``, ``causal_conv1d_ref``). Registry-wide tests cover training, cached decoding,
 blocked == dense and causality through gradients.
 """
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_path_attention import causal_conv1d_ref, naive_path_attn
+from test_path import causal_conv1d_ref, naive_path_attn
 
 B, L, D, H, K = 2, 10, 32, 4, 2
 DH = D // H

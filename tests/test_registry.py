@@ -7,16 +7,16 @@ import re
 
 import pytest
 
-from posenc import norms, placements, registry, stability
+from posenc import norms, placements, qk_norm, norm_names
 from posenc.model import ENCODINGS, Encoding, register_encoding
 from posenc.model import encoding as encoding_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECKS = [
-    (registry.check_norm_kind, norms.NORMS, "norm kind"),
-    (registry.check_placement, placements.PLACEMENTS, "norm placement"),
-    (registry.check_qk_norm, stability.QK_NORMS, "qk_norm"),
+    (norm_names.check_norm_kind, norms.NORMS, "norm kind"),
+    (norm_names.check_placement, placements.PLACEMENTS, "norm placement"),
+    (norm_names.check_qk_norm, qk_norm.QK_NORMS, "qk_norm"),
     (encoding_lib.get, ENCODINGS, "position kind"),
 ]
 
@@ -103,11 +103,11 @@ def test_every_listed_norm_and_qk_norm_runs():
     import jax.numpy as jnp
 
     x = jnp.ones((2, 4))
-    for kind in registry.NORM_KINDS:
+    for kind in norm_names.NORM_KINDS:
         assert norms.normalize(kind, x, norms.init_params(kind, 4)).shape == x.shape
     q = jnp.ones((1, 3, 2, 4))
-    for kind in registry.QK_NORMS:
-        qn, kn = stability.qk_norm(kind, q, q, stability.qk_norm_init(kind, 2, 2, 4))
+    for kind in norm_names.QK_NORMS:
+        qn, kn = qk_norm.qk_norm(kind, q, q, qk_norm.qk_norm_init(kind, 2, 2, 4))
         assert qn.shape == q.shape and kn.shape == q.shape
 
 

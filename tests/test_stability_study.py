@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import stability as stability_config
-from posenc import experiments, files, stability
+from posenc import diagnostics, experiments, files
 from posenc.experiments import engine, stability_report
 from posenc.experiments import stability as study
 from posenc.training import loop, results
@@ -35,12 +35,12 @@ def test_lr_sensitivity_is_the_papers_definition():
         for i in rng.choice(len(losses), size=int(rng.integers(0, 2)), replace=False):
             losses[i] = float(rng.choice([np.nan, np.inf]))  # diverged
         losses[int(rng.integers(len(losses)))] = float(rng.uniform(1.0, l0))  # some LR beats init
-        assert stability.lr_sensitivity(losses, l0) == pytest.approx(paper_lr_sensitivity(losses, l0),
+        assert diagnostics.lr_sensitivity(losses, l0) == pytest.approx(paper_lr_sensitivity(losses, l0),
                                                                      rel=1e-12, abs=1e-12)
     # Where no learning rate beats initialisation the paper's formula is negative (mean l0 - l* < 0);
     # the library keeps its lower bound 0 (every run counts as l0: nothing to be sensitive about).
     assert paper_lr_sensitivity([5.0, 6.0], 4.0) == pytest.approx(-1.0)
-    assert stability.lr_sensitivity([5.0, 6.0], 4.0) == 0.0
+    assert diagnostics.lr_sensitivity([5.0, 6.0], 4.0) == 0.0
 
 
 def test_configs_validate():
@@ -99,7 +99,7 @@ def test_tiny_grid_rows_table_and_plots(tiny_study):
 
     table = open(os.path.join(workdir, "table.md")).read()
     sens = stability_report.sensitivities(rows)[("d16", "baseline")][0]
-    expected = stability.lr_sensitivity([by[("baseline", 1e-3)]["loss"], float("nan")],
+    expected = diagnostics.lr_sensitivity([by[("baseline", 1e-3)]["loss"], float("nan")],
                                         by[("baseline", 1e-3)]["initial_loss"])
     assert sens == pytest.approx(expected)
     assert f"| baseline | {expected:.3f} |" in table

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from posenc.training import loop, multiseed, results, setup, steploop
+from posenc.training import loop, multiseed, results, prepare, steploop
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -41,7 +41,7 @@ def assert_same_bits(a, b):
 
 
 def final_state(c, workdir):
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     _, _, _, state = loop.init_state(r)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
     state, record = ckpt.restore(state)
@@ -130,20 +130,20 @@ def test_auto_fits_the_cost_of_a_call_and_of_a_step_then_picks_k(monkeypatch, ca
 
 @pytest.mark.parametrize("value", [0, -2, 1.5, "fast", True, None])
 def test_steps_per_call_is_checked_before_anything_compiles(value, tmp_path):
-    with pytest.raises(setup.ConfigError, match=r"train.steps_per_call must be an integer >= 1 or 'auto'"):
+    with pytest.raises(prepare.ConfigError, match=r"train.steps_per_call must be an integer >= 1 or 'auto'"):
         loop.run(config(per_call=value), str(tmp_path))
     assert not os.path.exists(tmp_path / "config.json")
 
 
 def test_steps_per_call_is_not_part_of_the_experiment():
-    assert setup.resolve(config(per_call=1)).hash == setup.resolve(config(per_call="auto")).hash
+    assert prepare.resolve(config(per_call=1)).hash == prepare.resolve(config(per_call="auto")).hash
 
 
 # ----------------------------------------------------------------------- bit-identical results
 
 
 def test_chunk_equals_single_steps_bit_for_bit():
-    r = setup.resolve(config())
+    r = prepare.resolve(config())
     _, _, graphdef, state = loop.init_state(r)
     root = loop.data_root(r.config)
     one = step_lib.train_step_fn(r.task, r.config)
@@ -166,7 +166,7 @@ def test_chunk_equals_single_steps_bit_for_bit():
 
 
 def test_seeds_chunk_equals_single_vmapped_steps_bit_for_bit():
-    rs = [setup.resolve(config(seed)) for seed in (0, 1)]
+    rs = [prepare.resolve(config(seed)) for seed in (0, 1)]
     states = [loop.init_state(r) for r in rs]
     graphdef = states[0][2]
     stacked = multiseed._stack([s[3] for s in states])

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from posenc.model import Decoder
-from posenc.training import evaluate, loop, optim, overrides, setup
+from posenc.training import evaluate, loop, optim, overrides, prepare
 from posenc.training import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +62,7 @@ def raw(x):
 
 
 def train(config, steps, stats=False):
-    r = setup.resolve(config)
+    r = prepare.resolve(config)
     _, _, graphdef, state = loop.init_state(r)
     fn = step_lib.train_step_fn(r.task, r.config)
     stats_fn = step_lib.stats_fn(r.task, r.config)
@@ -97,7 +97,7 @@ def test_train_step_decreases_loss_and_reports_metrics(tiny):
 def test_stats_pass_sees_the_step_batch_and_parameters(tiny):
     """stats_fn on step t's key gives the diagnostics of the forward the step trains on:
     log Z of that batch under the pre-update parameters, from the model itself."""
-    r = setup.resolve(tiny)
+    r = prepare.resolve(tiny)
     model, _, graphdef, state = loop.init_state(r)
     key = jax.random.fold_in(loop.data_root(r.config), 0)
     stats = step_lib.stats_fn(r.task, r.config)(graphdef, state, key)
@@ -122,7 +122,7 @@ def test_deterministic_from_seed(tiny):
     _, h3 = train(other, 6)
     assert [m["loss"] for m in h3] != [m["loss"] for m in h1]
     # three models of one shape (two seeds), each its own graphdef object: one jitted step
-    r = setup.resolve(tiny)
+    r = prepare.resolve(tiny)
     assert step_lib.train_step_fn(r.task, r.config)._cache_size() == 1
 
 
@@ -166,7 +166,7 @@ def test_text_evaluation_has_position_loss_and_learned_past_table_is_na():
     c.task.options.max_bytes = 300_000
     c.task.options.eval_fraction = 0.5  # a small corpus still has eval files
     c.eval.update(lengths=(16,), position_buckets=4)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     (row,) = evaluate.evaluate(model, r)
     assert [(b["start"], b["end"]) for b in row["position_loss"]] == [(0, 4), (4, 8), (8, 12), (12, 16)]
@@ -175,7 +175,7 @@ def test_text_evaluation_has_position_loss_and_learned_past_table_is_na():
         assert abs(b["loss"] - np.log(256)) < 0.5
     np.testing.assert_allclose(np.mean([b["loss"] for b in row["position_loss"]]), row["loss"], rtol=1e-5)
     c.model.position.kind = "learned"
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     assert r.config.task.train_length == 64  # "text" after "tiny": the table has 64 rows
     na = evaluate.evaluate_length(Decoder(r.spec, rngs=nnx.Rngs(0)), r.task, r.config, r.spec, 128)
     assert na["loss"] is None and "learned encodes 64 positions" in na["not_applicable"]
@@ -184,11 +184,11 @@ def test_text_evaluation_has_position_loss_and_learned_past_table_is_na():
 def test_evaluation_in_row_chunks_equals_one_batch():
     c = tiny_config("tiny")
     c.eval.update(lengths=(16,), batch_size=8, num_batches=2, max_tokens_per_step=0)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     (whole,) = evaluate.evaluate(model, r)
     c.eval.max_tokens_per_step = 40  # 2 rows of 16 tokens per forward: 4 chunks per batch
-    r2 = setup.resolve(c)
+    r2 = prepare.resolve(c)
     (chunked,) = evaluate.evaluate(model, r2)
     assert whole["eval_rows_per_step"] == 8 and chunked["eval_rows_per_step"] == 2
     for k in ("loss", "accuracy", "exact_match", "eval_tokens"):
@@ -200,12 +200,12 @@ def test_evaluation_in_row_chunks_equals_one_batch():
 def test_zero_shot_evaluation_variants():
     c = tiny_config("tiny")
     c.eval.lengths = (32,)
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     (plain,) = evaluate.evaluate(model, r)
     c.eval.variants = overrides.fields(
         {"pi4": {"model.position.rope.scaling": "linear", "model.position.rope.factor": 4}})
-    r = setup.resolve(c)
+    r = prepare.resolve(c)
     (vc, vspec), = r.eval_variants.values()
     assert vspec.position.options["rope"]["scaling"] == "linear"
     assert vspec.position.options["rope"]["factor"] == 4.0
@@ -216,11 +216,11 @@ def test_zero_shot_evaluation_variants():
     assert (base["eval_variant"], scaled["eval_variant"]) == (None, "pi4")
     assert base["loss"] == plain["loss"] and scaled["loss"] != plain["loss"]  # positions interpolated 4x
     c.eval.variants = overrides.fields({"other": {"model.position.kind": "alibi"}})
-    with pytest.raises(setup.ConfigError, match="cannot change the position kinds"):
-        setup.resolve(c)
+    with pytest.raises(prepare.ConfigError, match="cannot change the position kinds"):
+        prepare.resolve(c)
     c.eval.variants = overrides.fields({"lr": {"train.learning_rate": 1.0}})
-    with pytest.raises(setup.ConfigError, match="changes model.\\* fields"):
-        setup.resolve(c)
+    with pytest.raises(prepare.ConfigError, match="changes model.\\* fields"):
+        prepare.resolve(c)
 
 
 def test_independent_weight_decay_does_not_scale_with_the_peak_learning_rate():

@@ -55,7 +55,7 @@ class Point:
 
     ``name``: unique in the study and file-safe (its directory ``runs/<name>/``);
     ``fields``: the study's row fields of this point (its identity in tables);
-    ``run``: its validated run (:class:`posenc.training.setup.Resolved`) if it
+    ``run``: its validated run (:class:`posenc.training.prepare.Resolved`) if it
     trains or evaluates one; ``group``: points with the same group run
     together; ``after``: names of points that must be complete first;
     ``data``: whatever else the study needs to run it (not written to rows).
@@ -135,10 +135,10 @@ def _import_studies() -> None:
 
 def validate(study_: Study, config):
     """``config`` checked against the study's declaration (ConfigError on an unknown or bad field)."""
-    from posenc.training import setup
+    from posenc.training import prepare
 
     try:
-        return setup.plain_copy(study_.schema.validate(setup.plain_copy(config), ""))
+        return prepare.plain_copy(study_.schema.validate(prepare.plain_copy(config), ""))
     except ConfigError:
         raise
     except ValueError as e:

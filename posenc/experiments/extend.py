@@ -166,9 +166,9 @@ def _placeholder_longrope(config, factor) -> dict:
 
 def _base_config(config):
     """``copy`` of a run config without evaluation variants."""
-    from posenc.training import setup
+    from posenc.training import prepare
 
-    c = setup.plain_copy(config)
+    c = prepare.plain_copy(config)
     c.eval.variants = overrides.fields({})
     return c
 
@@ -216,11 +216,11 @@ def study_row(row: dict, *, method: str, factor: float, seed: int, length: int, 
 def hf_base(config):
     """The run of a Hugging Face base (``base_hf``): ``base`` with the checkpoint's model section."""
     from posenc import hf
-    from posenc.training import setup
+    from posenc.training import prepare
 
-    c = setup.plain_copy(config.base)
+    c = prepare.plain_copy(config.base)
     model = hf.config(config.base_hf)
-    c.model = setup.plain_copy(model)
+    c.model = prepare.plain_copy(model)
     if c.task.name == "text" and c.task.options.get("vocab_size") is None:
         c.task.options["vocab_size"] = int(model.vocab_size)  # the checkpoint's vocabulary, all of it
     return _resolve(c, f"base_hf {config.base_hf}")
@@ -240,10 +240,10 @@ def hf_run(config):
 
 
 def _resolve(config, where: str):
-    from posenc.training import setup
+    from posenc.training import prepare
 
     try:
-        return setup.resolve(config)
+        return prepare.resolve(config)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
 
@@ -256,7 +256,7 @@ class Extend(engine.Study):
                   "finetune_tokens": "tokens seen in fine-tuning", "run": "the point that produced the row"}
 
     def points(self, config):
-        from posenc.training import finetune, setup
+        from posenc.training import finetune, prepare
 
         bases = []
         if config.base_hf:
@@ -267,7 +267,7 @@ class Extend(engine.Study):
             bases.append((int(base.resolved.config.train.seed), base.resolved, None))
         else:
             for seed in config.seeds:
-                c = setup.plain_copy(config.base)
+                c = prepare.plain_copy(config.base)
                 c.train.seed = int(seed)
                 bases.append((int(seed), _resolve(c, f"base of seed {seed}"), c))
         points = []
@@ -374,11 +374,11 @@ class Extend(engine.Study):
         return bool(ctx.config.passkey_min_length) and target >= int(ctx.config.passkey_min_length)
 
     def _zero_shot(self, ctx, point, base) -> list[dict]:
-        from posenc.training import finetune, setup
+        from posenc.training import finetune, prepare
 
         p = point.fields
         fields = self._fields(ctx, point, base)
-        zero = setup.resolve(zero_shot_config(base.resolved.config, fields, p["target"]))
+        zero = prepare.resolve(zero_shot_config(base.resolved.config, fields, p["target"]))
         ident = dict(factor=p["factor"], seed=p["seed"], length=p["length"], target=p["target"], run=point.name)
         d, rows = ctx.run_dir(point), []
         for r in finetune.evaluate_params(base, zero, d, name=point.name):
@@ -393,7 +393,7 @@ class Extend(engine.Study):
 
     def _finetunes(self, ctx, point, base) -> list[dict]:
         """Every budget of one method and factor: fine-tune, evaluate, passkey."""
-        from posenc.training import finetune, finish, loop, setup
+        from posenc.training import finetune, finish, loop, prepare
 
         p, method = point.fields, point.fields["method"]
         fields = self._fields(ctx, point, base)[method]
@@ -402,7 +402,7 @@ class Extend(engine.Study):
         for steps in sorted({int(n) for n in ctx.config.finetune_steps if int(n) > 0}):
             name = f"{point.name}_n{steps}"
             d = os.path.join(ctx.run_dir(point), f"n{steps}")
-            resolved = setup.resolve(finetune_config(ctx.config, base.resolved.config, fields, p["target"], steps))
+            resolved = prepare.resolve(finetune_config(ctx.config, base.resolved.config, fields, p["target"], steps))
             start = None
             if previous is not None:
                 try:  # continue the shorter budget where that equals starting from the base

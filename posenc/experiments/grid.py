@@ -17,17 +17,17 @@ from absl import logging
 
 from posenc.config import overrides
 from posenc.config.schema import ConfigError
-from posenc.training import finish, loop, multiseed, records, results, setup
+from posenc.training import finish, loop, multiseed, records, results, prepare
 from posenc.training import schema as run_schema
 
 
 def run_config(base, field_sets, *, name: str):
     """``base`` with each ``(where, {dotted field: value})`` of ``field_sets`` set, resolved."""
-    run = setup.plain_copy(base)
+    run = prepare.plain_copy(base)
     for where, fields in field_sets:
         overrides.apply(run, overrides.as_dict(fields), schema=run_schema.Run, where=where)
     try:
-        return setup.resolve(run)
+        return prepare.resolve(run)
     except ConfigError as e:
         raise ConfigError(f"grid point {name}: {e}") from None
 

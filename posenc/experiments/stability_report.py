@@ -1,6 +1,6 @@
 """Tables and plots of the stability study (rows of :class:`posenc.experiments.stability.Stability`).
 
-LR sensitivity (Wortsman et al. 2023, posenc.stability.lr_sensitivity): over
+LR sensitivity (Wortsman et al. 2023, posenc.diagnostics.lr_sensitivity): over
 the learning-rate grid of one (size, variant, seed), the mean of
 min(final loss, initial loss) minus the best final loss, a diverged run
 counting as the initial loss; then mean ± std over seeds.
@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from posenc import stability
+from posenc import diagnostics
 from posenc import files
 from posenc.experiments import figures, tables
 
@@ -29,7 +29,7 @@ def sensitivities(rows) -> dict:
         groups[(r["size"], r["variant"], r["seed"])].append(r)
     out = collections.defaultdict(list)
     for (size, variant, _), rs in groups.items():
-        out[(size, variant)].append(stability.lr_sensitivity([_loss(r) for r in rs], rs[0]["initial_loss"]))
+        out[(size, variant)].append(diagnostics.lr_sensitivity([_loss(r) for r in rs], rs[0]["initial_loss"]))
     return out
 
 

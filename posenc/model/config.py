@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from posenc import checks, registry
+from posenc import checks, norm_names
 from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options
 
@@ -91,13 +91,13 @@ class Position(Section):
 class Norm(Section):
     """model.norm: the norm, its residual placement, QK-norm, soft-capping and embedding scale."""
 
-    kind = Field("rms", _named(registry.check_norm_kind), "a norm of posenc.registry.NORM_KINDS")
-    placement = Field("pre", _named(registry.check_placement), "a placement of posenc.registry.PLACEMENTS")
+    kind = Field("rms", _named(norm_names.check_norm_kind), "a norm of posenc.norm_names.NORM_KINDS")
+    placement = Field("pre", _named(norm_names.check_placement), "a placement of posenc.norm_names.PLACEMENTS")
     eps = Field(1e-6, options.positive, "norm epsilon")
     mixln_fraction = Field(0.25, lambda n, v: checks.number(n, v, minimum=0.0, maximum=1.0),
                            "placement mixln: the fraction of post-norm layers (the first ones)")
     dyt_alpha = Field(0.5, options.positive, "kind dyt: the initial alpha")
-    qk_norm = Field("none", _named(registry.check_qk_norm), "QK-norm of posenc.registry.QK_NORMS")
+    qk_norm = Field("none", _named(norm_names.check_qk_norm), "QK-norm of posenc.norm_names.QK_NORMS")
     qk_norm_after_rope = Field(False, options.boolean, "normalise the rotated q, k (Llama 4), not the projections")
     qk_norm_layers = Field("all", options.one_of(*LAYER_RULES),
                            "all | positional (layers with a position term: Llama 4) | nope")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import norms, placements, stability
+from posenc import diagnostics, norms, placements
 from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
 from posenc.model.layers import Block, Norm
@@ -112,7 +112,7 @@ class Decoder(nnx.Module):
         """tokens int [B, L] -> [B, L, D] in the compute dtype (scaled by sqrt(D) if set)."""
         x = self.embedding[...].astype(self.dtype)[tokens]
         if self.embed_scale:
-            x = x * stability.embed_scale(self.d_model, self.dtype)
+            x = x * norms.embed_scale(self.d_model, self.dtype)
         return x
 
     def _input(self, x, positions, deterministic, *, tokens=None, key=None, state=None):
@@ -258,6 +258,6 @@ def _collect_stats(layer_stats, logits):
         "max_attention_logit": jnp.max(jnp.stack([s["max_attention_logit"] for s in layer_stats])),
         "attention_entropy": jnp.mean(jnp.stack([s["attention_entropy"] for s in layer_stats])),
     }
-    ls = stability.logit_stats(logits)
+    ls = diagnostics.logit_stats(logits)
     out["logit_mean"], out["log_z"] = ls["mean"], ls["log_z"]
     return out

@@ -3,7 +3,7 @@
 Parameters are float32 ``nnx.Param``; matmuls run in the compute dtype
 (``model.dtype``) by casting the weights at use. Norm math is
 ``posenc.norms``, residual placements ``posenc.placements``, QK-norm
-``posenc.stability.qk_norm``, length-aware logit scaling
+``posenc.qk_norm.qk_norm``, length-aware logit scaling
 ``posenc.logit_scale``. The attention sublayer runs the encoding's hooks
 (``posenc.model.encoding``) in order: ``prepare`` (data-dependent terms from
 the layer input), ``qk``, the logit scale, attention (the unit's own or the
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import logit_scale, norms, placements, stability
+from posenc import logit_scale, norms, placements, qk_norm
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
@@ -155,7 +155,7 @@ class Attention(nnx.Module):
         heads = {"q": H, "k": K, "v": K}
         self.biases = nnx.Dict({n: nnx.Param(jnp.zeros((heads[n], head_dim) if n in heads else (D,),
                                                        jnp.float32)) for n in bias})
-        qk = stability.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
+        qk = qk_norm.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
         self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
         # Scalable-Softmax: s (and b) per head of this layer.
         ssmax = self.logit_scale == "ssmax"
@@ -184,7 +184,7 @@ class Attention(nnx.Module):
 
     def _qk_norm(self, q, k):
         params = {n: p[...] for n, p in self.qk_params.items()}
-        return stability.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
+        return qk_norm.qk_norm(self.qk_norm_kind, q, k, params, eps=self.qk_eps)
 
     def forward(self, x, positions, *, seq_len, causal=True, return_stats=False):
         """The full forward pass of the sublayer: x [B, L, D] -> [B, L, D] (, stats)."""

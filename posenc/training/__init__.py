@@ -3,7 +3,7 @@
     from posenc.training import run
     rows = run(config, "/tmp/run")       # validate, train, checkpoint, resume, evaluate, write results
 
-Modules, one concern each: :mod:`~posenc.training.setup` (validate a config
+Modules, one concern each: :mod:`~posenc.training.prepare` (validate a config
 once, resolve it, claim a workdir), :mod:`~posenc.training.steploop` (the
 step loop shared by every trainer), :mod:`~posenc.training.loop` (one run),
 :mod:`~posenc.training.multiseed` (seeds vmapped together),
@@ -12,7 +12,7 @@ bookkeeping), :mod:`~posenc.training.finish` (a run's result rows),
 :mod:`~posenc.training.step` (jitted functional steps),
 :mod:`~posenc.training.optim`, :mod:`~posenc.training.checkpoint` (Orbax),
 :mod:`~posenc.training.evaluate` (length evaluation),
-:mod:`~posenc.training.overrides` (dotted-field overrides),
+:mod:`posenc.config.overrides` (dotted-field overrides, also importable as ``posenc.training.overrides``),
 :mod:`~posenc.training.results` (rows, hashes, atomic JSONL) and
 :mod:`~posenc.training.report` (table.md and plots).
 """
@@ -20,7 +20,7 @@ bookkeeping), :mod:`~posenc.training.finish` (a run's result rows),
 from posenc.training.loop import run
 from posenc.training.records import NonFiniteError
 from posenc.training.results import config_hash, read_jsonl, write_jsonl
-from posenc.training.setup import ConfigError, Resolved, resolve
+from posenc.training.prepare import ConfigError, Resolved, resolve
 
 __all__ = ["run", "resolve", "Resolved", "ConfigError", "NonFiniteError", "config_hash",
            "read_jsonl", "write_jsonl"]

@@ -64,7 +64,7 @@ from flax import nnx
 
 from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
-from posenc.training import setup
+from posenc.training import prepare
 from posenc.training import sharding as sharding_lib
 from posenc.training import eval_step as eval_lib
 from posenc.training.eval_step import rows_per_step  # noqa: F401  (re-exported)
@@ -267,7 +267,7 @@ def sweep_points(config, task) -> list:
     """
     points = []
     for option, value, point in task.sweep():
-        c = setup.plain_copy(config)
+        c = prepare.plain_copy(config)
         c.task.options[option] = value
         points.append(({option: value}, c, point))
     return points
@@ -322,7 +322,7 @@ def evaluate_seeds(models, resolved, lengths=None) -> list[list[dict]]:
 def evaluate(model, resolved, lengths=None, *, mesh=None) -> list[dict]:
     """:func:`evaluate_length` at each length, for the model and each evaluation variant (+ sweeps).
 
-    ``resolved``: the run's :class:`~posenc.training.setup.Resolved`. Rows of a
+    ``resolved``: the run's :class:`~posenc.training.prepare.Resolved`. Rows of a
     variant carry ``eval_variant`` (None for the model as trained); rows of
     a sweep point carry ``sweep`` (module docstring).
     """

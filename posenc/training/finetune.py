@@ -12,7 +12,7 @@ and YaRN (Peng et al. 2023) does. The fine-tune config must build a model
 with the base's parameters (same names and shapes): the position options
 (e.g. ``model.position.rope.scaling``), ``task.train_length``, ``train.*``
 and ``eval.*`` may change; a config whose parameters differ is a
-:class:`~posenc.training.setup.ConfigError` naming the first one.
+:class:`~posenc.training.prepare.ConfigError` naming the first one.
 
 Fine-tuning is :func:`posenc.training.loop.run` started from those
 parameters: the same checkpoints, resumption, NaN guard and results rows,
@@ -45,7 +45,7 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, records, results, setup
+from posenc.training import loop, records, results, prepare
 from posenc.training.checkpoint import Checkpointer
 
 
@@ -54,7 +54,7 @@ class FinishedRun:
     """A trained run read back from its workdir: its config and newest parameters."""
 
     workdir: str
-    resolved: setup.Resolved
+    resolved: prepare.Resolved
     params: object  # nnx.State of the model's nnx.Param leaves
     record: records.CheckpointRecord
 
@@ -86,7 +86,7 @@ def load_run(workdir: str, *, finished: bool = True) -> FinishedRun:
         raise ValueError(f"{workdir} holds no run (no config.json); train one with experiments.train")
     with open(path) as f:
         saved = json.load(f)
-    resolved = setup.resolve(ml_collections.ConfigDict(saved["config"]))
+    resolved = prepare.resolve(ml_collections.ConfigDict(saved["config"]))
     model, optimizer, graphdef, state = loop.init_state(resolved)
     state, record = _restore(workdir, state)
     steps = int(resolved.config.train.steps)
@@ -109,7 +109,7 @@ def check_compatible(params, resolved) -> None:
     want, have = _shapes(fresh), _shapes(params)
     for name in sorted(set(want) | set(have)):
         if want.get(name) != have.get(name):
-            raise setup.ConfigError(
+            raise prepare.ConfigError(
                 f"the fine-tune config's model does not take the base run's parameters: {name} is "
                 f"{have.get(name, 'absent')} in the base run and {want.get(name, 'absent')} in the "
                 "config; only position options, task.train_length, train.* and eval.* may change")
@@ -168,14 +168,14 @@ def finetune(base, config, workdir: str, *, continue_from: str | None = None,
     are added to every row.
     """
     base = _as_run(base)
-    resolved = setup.resolve(config)
+    resolved = prepare.resolve(config)
     check_compatible(base.params, resolved)
     previous = None
     if continue_from is not None:
         with open(os.path.join(continue_from, "config.json")) as f:
-            shorter = setup.resolve(ml_collections.ConfigDict(json.load(f)["config"]))
+            shorter = prepare.resolve(ml_collections.ConfigDict(json.load(f)["config"]))
         check_continuable(shorter, resolved)
-        rows = setup.completed_rows(shorter, continue_from)
+        rows = prepare.completed_rows(shorter, continue_from)
         if not rows or any(r.get("base_hash") != base.resolved.hash for r in rows):
             raise ValueError(f"continue_from: {continue_from} is not a finished fine-tune of "
                              f"{base.workdir}")
@@ -209,9 +209,9 @@ def evaluate_params(base, config, workdir: str, *, name: str | None = None,
     ``workdir/results.jsonl``; a workdir that has them all returns them.
     """
     base = _as_run(base)
-    resolved = setup.resolve(config)
+    resolved = prepare.resolve(config)
     check_compatible(base.params, resolved)
-    done = setup.claim(resolved, workdir, name=name, main=loop.is_main_process())
+    done = prepare.claim(resolved, workdir, name=name, main=loop.is_main_process())
     if done is not None:
         return done
     fields = dict(_fields(base, resolved, row_fields), finetune_steps=0, finetune_tokens=0)
@@ -229,12 +229,12 @@ def evaluate_on(params, resolved, task_name: str, lengths, *, options=None, spec
     ``task.name`` / ``task.options`` and ``eval.lengths`` (which the size bins follow) are
     replaced for this evaluation only.
     """
-    config = setup.plain_copy(resolved.config)
+    config = prepare.plain_copy(resolved.config)
     config.eval.update(dict(eval_fields or {}))
     config.eval.lengths = tuple(int(n) for n in lengths)  # the size bins follow these lengths
     config.task.name = task_name
     config.task.options = ml_collections.ConfigDict(dict(options or {}))
-    task = setup.make_task(config)
+    task = prepare.make_task(config)
     spec = resolved.spec if spec is None else spec
     if int(task.vocab_size) != int(spec.vocab_size):
         raise ValueError(f"task {task_name!r} has {task.vocab_size} tokens, the model "

@@ -1,8 +1,8 @@
 """Train one config: validate, claim the workdir, train (resumable), evaluate, write results.
 
 ``run(config, workdir)`` is the whole experiment of one config:
-  1. :func:`posenc.training.setup.resolve` validates the config once (a
-     :class:`~posenc.training.setup.ConfigError` names any bad field) before
+  1. :func:`posenc.training.prepare.resolve` validates the config once (a
+     :class:`~posenc.training.prepare.ConfigError` names any bad field) before
      anything compiles; batch sizes are checked against the devices; then
      the workdir is locked (a second process on it is refused, naming this
      one: :mod:`~posenc.training.lock`) and claimed (``workdir/config.json``;
@@ -50,7 +50,7 @@ from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
 from posenc.training import lock as lock_lib
-from posenc.training import optim, records, setup, steploop
+from posenc.training import optim, records, prepare, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
@@ -156,7 +156,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     0) is where training continues. Once the run has checkpointed, a restart
     resumes from its own checkpoints. ``row_fields`` are added to every row.
     """
-    resolved = setup.resolve(config)
+    resolved = prepare.resolve(config)
     config = resolved.config
     mesh, fsdp = sharding_lib.mesh_or_none(config), sharding_lib.fsdp_enabled(config)
     sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
@@ -171,7 +171,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
 def _locked_run(resolved, workdir: str, *, main, mesh, fsdp, max_steps_this_run, name, init,
                 row_fields):
     config = resolved.config
-    done = setup.claim(resolved, workdir, name=name, main=main)
+    done = prepare.claim(resolved, workdir, name=name, main=main)
     if done is not None:
         return done
     model, optimizer, graphdef, state = init_state(resolved)

@@ -48,7 +48,7 @@ from flax import nnx
 
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, records, results, setup, steploop
+from posenc.training import loop, records, results, prepare, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
@@ -60,7 +60,7 @@ class SeedRun:
 
     index: int  # position in the caller's lists
     name: str | None
-    resolved: setup.Resolved
+    resolved: prepare.Resolved
     workdir: str
     model: object = None
     optimizer: object = None
@@ -110,13 +110,13 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"got {len(configs)} configs and {len(workdirs)} workdirs")
-    resolved = [setup.resolve(c) for c in configs]  # every config validated before any claim
+    resolved = [prepare.resolve(c) for c in configs]  # every config validated before any claim
     _check([r.config for r in resolved])
     names = list(names) if names is not None else [None] * len(configs)
     main = loop.is_main_process()
     out, runs = [], []
     for i, (rv, w, n) in enumerate(zip(resolved, workdirs, names)):
-        done = setup.claim(rv, w, name=n, main=main)
+        done = prepare.claim(rv, w, name=n, main=main)
         out.append(done)  # complete runs: their rows
         if done is None:
             runs.append(SeedRun(index=i, name=n, resolved=rv, workdir=w))

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from posenc import absolute, stability
+from posenc import absolute, z_loss
 from posenc.training import optim
 from posenc.training import sharding as sharding_lib
 
@@ -146,7 +146,7 @@ def _train_step(task, config, *, mesh=None, fsdp=False):
             # the input unit's training randomness (Abacus's offset): a key apart from the data's
             logits = m(batch["inputs"], positions, deterministic=False, key=jax.random.fold_in(key, 1))
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
-            zl = (stability.z_loss(logits, weight=z_weight, mask=batch["mask"])
+            zl = (z_loss.z_loss(logits, weight=z_weight, mask=batch["mask"])
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
             total = metrics["loss"] + zl
             metrics.update(z_loss=zl, total_loss=total)

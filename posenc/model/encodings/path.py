@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc import fox, norms
-from posenc import path_attention as pa
+from posenc import path as pa
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model.encoding import Encoding, register_encoding
@@ -30,7 +30,7 @@ class PaTH(Encoding):
     PaTH, c52acc04, and its comment since, "in MQA/GQA settings ... a
     standard linear projection"; ``w_rank`` sets either), a causal
     depthwise convolution of width 3 with SiLU and an L2 norm per head;
-    ``beta = 2 sigmoid(W_b x + b_b)`` per kv head. ``posenc.path_attention``
+    ``beta = 2 sigmoid(W_b x + b_b)`` per kv head. ``posenc.path``
     computes the logits through chunked UT-form products (never O(L^2 Dh^2)
     memory; the blocked path is an online softmax over key chunks). The
     cache keeps each key moved through every later token (fla's cache and
@@ -42,7 +42,7 @@ class PaTH(Encoding):
 
     relative = True
     paper = "Yang et al. 2025"
-    pure = "posenc.path_attention"
+    pure = "posenc.path"
     spans = ("full",)
     forget_gate = False  # PaTH-FoX: a FoX forget gate in the logits
     chunk = Option(64, positive_int, "tokens per chunk of the Householder products")
@@ -119,7 +119,7 @@ class PaTH(Encoding):
             s = self._bidirectional(q, k, w, beta, c_q, kw)
             return out(s, v, visible=jnp.ones(s.shape[-2:], bool))
         if not return_stats and call.runs_blocked(q.shape[1], k.shape[1]):
-            if softcap:  # the online softmax of posenc.path_attention has no cap: prefill blocks
+            if softcap:  # the online softmax of posenc.path has no cap: prefill blocks
                 return self._prefill_blocks(q, k, v, w, beta, c_q, block, out, kw)
             return pa.blocked_attention(q, k, v, w, beta, c_q=c_q, c_k=c_q, **kw)
         s = pa.logits(q, k, w, beta, c_q=c_q, c_k=c_q, **kw)

@@ -1,4 +1,4 @@
-"""posenc.path_attention against transcriptions of the official PaTH code.
+"""posenc.path against transcriptions of the official PaTH code.
 
 References (numpy float64), fla-org/flash-linear-attention @ bc3b101:
 - ``naive_path_attn`` (fla/ops/path_attn/naive.py, the reference of
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from posenc import fox
-from posenc import path_attention as pa
+from posenc import path as pa
 
 RNG = np.random.default_rng(0)
 B, L, HQ, HKV, D = 2, 11, 4, 2, 4

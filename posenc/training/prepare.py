@@ -1,0 +1,198 @@
+"""The boundary of a run: validate a config once, resolve what the task decides, claim a workdir.
+
+:func:`resolve` is the one validation of an experiment config (task, model,
+train, eval, mesh, evaluation variants). It runs before anything is
+compiled or any workdir is claimed and raises :class:`ConfigError` (a
+ValueError) naming the field, the bad value and the allowed values. What it
+returns is trusted downstream: nothing validates again.
+
+The resolved config is canonical: plain values (tuples, not lists),
+``model.vocab_size`` from the task, and only the encoding sections in use
+(``model.position.<kind>`` for the kinds the layers use), so its hash does
+not change when an unrelated encoding is added to the library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+from absl import logging
+
+from posenc import tasks as tasks_lib
+from posenc.config import overrides
+from posenc.config.schema import ConfigError  # noqa: F401  (re-exported)
+from posenc.model import ModelSpec
+from posenc.model import encoding as encoding_lib
+from posenc.training import lock, results, schema
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A validated run: its canonical config, the model spec, the task and the config hash."""
+
+    config: ml_collections.ConfigDict
+    spec: ModelSpec
+    task: object
+    hash: str
+    eval_variants: dict  # name -> (config, ModelSpec) of each evaluation variant
+
+    @property
+    def name(self) -> str:
+        return self.config.get("name") or ""
+
+
+def _tuples(x):
+    if isinstance(x, list):
+        return tuple(_tuples(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _tuples(v) for k, v in x.items()}
+    return x
+
+
+def plain_copy(config) -> ml_collections.ConfigDict:
+    """An unlocked deep copy of ``config`` with JSON-plain values (lists become tuples)."""
+    d = json.loads(results.canonical_json(config.to_dict() if hasattr(config, "to_dict") else config))
+    return ml_collections.ConfigDict(_tuples(d), allow_dotted_keys=True)
+
+
+def make_task(config):
+    """The task of ``config.task`` (name, seed, options)."""
+    return tasks_lib.make(config.task.name, seed=int(config.task.seed), **config.task.options.to_dict())
+
+
+def _check_scored_text(task, config) -> None:
+    """A text run scores the same eval.tokens held-out targets at every length: they must be there."""
+    if not hasattr(task, "scored_windows"):
+        return
+    ev = config.eval
+    stride = int(ev.stride) if ev.text_protocol == "sliding" else None
+    for n in ev.lengths:
+        if stride is not None and stride > int(n):
+            raise ValueError(f"eval.stride={stride} exceeds the evaluation length {n}")
+        try:
+            task.scored_windows(int(ev.tokens), int(n), stride)
+        except ValueError as e:
+            raise ValueError(f"{e} (eval.lengths {tuple(ev.lengths)})") from None
+
+
+def _prune_sections(config, spec: ModelSpec) -> None:
+    pos = config.model.position
+    for name in list(pos.keys()):
+        if name in encoding_lib.ENCODINGS and name not in spec.position.kinds:
+            del pos[name]
+
+
+def _model_spec(config, where: str) -> ModelSpec:
+    spec = ModelSpec.from_config(config.model, train_length=int(config.task.train_length))
+    train_length = int(config.task.train_length)
+    for kind in spec.position.kinds:
+        limit = encoding_lib.get(kind).longest_sequence(spec.position.options[kind])
+        if limit is not None and limit < train_length:
+            raise ValueError(f"{where}model.position.{kind} can represent {limit} positions, fewer "
+                             f"than task.train_length={train_length}: it needs a row per position")
+    pos = spec.position
+    if pos.randomized and pos.randomized_max_position < train_length:
+        raise ValueError(f"{where}model.position.randomized_max_position={pos.randomized_max_position} "
+                         f"must be >= task.train_length={train_length}")
+    return spec
+
+
+def _resolve(config) -> Resolved:
+    # Every field of every section, from its declaration (posenc.training.schema): an unknown
+    # field fails here however the config was built; missing fields take their defaults.
+    config = plain_copy(schema.validate(plain_copy(config)))
+    task = make_task(config)
+    largest = task.max_size(int(config.task.train_length))
+    if config.task.min_size > largest:
+        raise ValueError(f"task.min_size={config.task.min_size} exceeds the largest problem size "
+                         f"{largest} at task.train_length={config.task.train_length}")
+    config.model.vocab_size = int(task.vocab_size)
+    _check_scored_text(task, config)
+    spec = _model_spec(config, "")
+    variants = {}
+    for name, fields in overrides.as_dict(config.eval.variants).items():
+        fields = overrides.as_dict(fields)
+        bad = [f for f in fields if not f.startswith("model.")]
+        if bad:
+            raise ValueError(f"eval.variants.{name}: an evaluation variant changes model.* fields "
+                             f"(the trained parameters stay); got {bad[0]!r}")
+        vc = plain_copy(config)
+        overrides.apply(vc, fields, schema=schema.Run, where=f"eval.variants.{name}")
+        vspec = _model_spec(vc, f"eval.variants.{name}: ")
+        if vspec.position.layer_kinds != spec.position.layer_kinds or vspec.position.kind != spec.position.kind:
+            raise ValueError(f"eval.variants.{name}: an evaluation variant cannot change the position "
+                             "kinds (the trained parameters belong to them); change their options")
+        _prune_sections(vc, vspec)
+        variants[name] = (vc, vspec)
+    _prune_sections(config, spec)
+    return Resolved(config=config, spec=spec, task=task, hash=results.config_hash(config),
+                    eval_variants=variants)
+
+
+def resolve(config) -> Resolved:
+    """Validate ``config`` (everything, once) and resolve it; :class:`ConfigError` on a bad field.
+
+    A :class:`Resolved` is returned as it is (already validated).
+    """
+    if isinstance(config, Resolved):
+        return config
+    try:
+        return _resolve(config)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    except (KeyError, AttributeError) as e:  # a ConfigDict without a field the run reads
+        text = " ".join(str(e.args[0] if e.args else e).split())
+        raise ConfigError(f"the config lacks a field the run needs: {text}") from e
+
+
+def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bool = True):
+    """Claim ``workdir`` for ``resolved``: write config.json; return its complete rows or None.
+
+    ValueError if the workdir holds a run of another config. The main process
+    holds the workdir's lock first (:func:`posenc.training.lock.ensure_held`;
+    :class:`~posenc.training.lock.WorkdirInUse` if another process has it).
+    """
+    workdir = os.path.abspath(workdir)
+    if main:
+        lock.ensure_held(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    config_path = os.path.join(workdir, "config.json")
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            old = json.load(f).get("config_hash")
+        if old != resolved.hash:
+            raise ValueError(f"{workdir} holds a run with a different config (hash {str(old)[:12]}..., "
+                             f"this config {resolved.hash[:12]}...); use a new --workdir or remove the old one")
+    if main:
+        results.write_json(config_path, {"config": resolved.config.to_dict(), "config_hash": resolved.hash})
+    done = complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
+    if done is not None:
+        logging.info("run %s is already complete (%d steps); results in %s", name or workdir,
+                     resolved.config.train.steps, os.path.join(workdir, "results.jsonl"))
+    return done
+
+
+def expected_keys(resolved: Resolved) -> set:
+    """The (eval_variant, eval_length) of every row a complete run of ``resolved`` has."""
+    lengths = tuple(resolved.config.eval.lengths)
+    return {(v, n) for v in (None, *resolved.eval_variants) for n in lengths}
+
+
+def complete_rows(rows, resolved: Resolved):
+    """The rows of ``resolved`` among ``rows`` if every expected one is there, else None."""
+    mine = [r for r in rows if r.get("config_hash") == resolved.hash]
+    have = {(r.get("eval_variant"), r["eval_length"]) for r in mine}
+    if any(r.get("diverged_at_step") is not None for r in mine):
+        return mine  # a diverged run is a finished result
+    return mine if have >= expected_keys(resolved) else None
+
+
+def completed_rows(config, workdir: str):
+    """The results rows of ``config`` in ``workdir`` if the run is complete, else None."""
+    resolved = resolve(config)
+    return complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
