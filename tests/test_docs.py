@@ -17,9 +17,11 @@ from posenc.training.schema import Run
 README = os.path.join(ROOT, "README.md")
 
 
-def _blocks(kind):
-    text = open(README).read()
-    return re.findall(rf"```{kind}\n(.*?)```", text, re.S)
+RUNNABLE = [README, os.path.join(ROOT, "docs", "results.md"), os.path.join(ROOT, "docs", "studies.md")]
+
+
+def _blocks(kind, paths=(README,)):
+    return [b for p in paths for b in re.findall(rf"```{kind}\n(.*?)```", open(p).read(), re.S)]
 
 
 def test_the_field_tables_are_the_generated_ones():
@@ -126,9 +128,10 @@ def test_a_misspelled_argument_or_field_is_one_line(tmp_path):
 
 
 def _commands():
-    """Every ``python -m experiments.<x> ...`` command of the README's shell blocks (continuations joined)."""
+    """Every ``python -m experiments.<x> ...`` command of the shell blocks of the README, docs/results.md
+    and docs/studies.md (continuations joined)."""
     out = []
-    for block in _blocks("bash"):
+    for block in _blocks("bash", RUNNABLE):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()
             for part in re.split(r"&&|;|\|", line):
