@@ -16,7 +16,7 @@ vocabulary) is scored at target lengths >= `passkey_min_length`: the two
 measures of YaRN (Peng et al. 2023), perplexity and passkey accuracy.
 
 Args:
-    smoke   a tiny base, no scaling and LongRoPE, budgets 0 and 2 (seconds; the engine's tests)
+    smoke   a tiny base, no scaling, LongRoPE and Self-Extend, budgets 0 and 2 (seconds; the engine's tests)
     quick   L = 128, factors 2 and 4, budgets 0, 30 and 120 steps, one seed
             (about 10 minutes on 2 CPU cores; passkey at 512).
     full    (default) L = 256, factors 2, 4 and 8, budgets 0, 50, 200 and 1000,
@@ -32,12 +32,20 @@ Fields:
                        s = n / L), yarn (temperature "paper": sqrt(1/t) = 0.1 ln s
                        + 1, as the paper and HF), yarn_quadratic (t = 1 + 0.1 ln s
                        + 0.07 ln^2 s), dynamic_yarn, longrope (factors searched
-                       on the base model, posenc.rope_search), llama3
+                       on the base model, posenc.rope_search), llama3; the
+                       training-free remappings (model.position.rope.remap, zero-shot
+                       only but dual_chunk): self_extend, rerope, leaky_rerope,
+                       dual_chunk, string, streaming_llm, lm_infinite, with the
+                       papers' settings at (s, L) (experiments.extend.METHODS)
     factors            s: each method extends L to s L
     finetune_steps     budgets (0 = zero-shot only)
     finetune           train.* fields of the fine-tunes; batch_size 0 keeps the
                        base's tokens per step (base batch * L / (s L))
-    passkey_min_length passkey at target lengths >= this (0: never)
+    passkey_min_length the retrieval tasks at target lengths >= this (0: never)
+    retrieval_tasks    byte-level retrieval tasks: passkey, RULER's niah_single,
+                       niah_multikey, niah_multivalue, niah_multiquery,
+                       variable_tracking, common_words, frequent_words (each at
+                       the target lengths it fits)
     search             LongRoPE search: batch_size windows of training data at
                        s L; short=True also searches short_factor at L; the rest
                        are posenc.rope_search.search options
@@ -52,7 +60,8 @@ from posenc.config.schema import unknown_argument
 
 ARGS = ("smoke", "quick", "full")
 METHODS = ("default", "linear", "ntk", "dynamic", "yarn", "yarn_quadratic", "dynamic_yarn",
-           "longrope", "llama3")
+           "longrope", "llama3", "self_extend", "rerope", "leaky_rerope", "dual_chunk", "string",
+           "streaming_llm", "lm_infinite")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -68,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     b.eval.update(batch_size=8, num_batches=2)
     c.base_run = ""
     c.methods = METHODS
+    c.retrieval_tasks = ("passkey",)
     c.finetune = ml_collections.ConfigDict(dict(
         learning_rate=3e-4, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0, batch_size=0,
         log_every=10, checkpoint_every=1000))
@@ -80,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         b.train.update(steps=10, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=5)
         b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
         c.seeds = (0,)
-        c.methods = ("default", "longrope")
+        c.methods = ("default", "longrope", "self_extend")
         c.factors = (2,)
         c.finetune_steps = (0, 2)
         c.finetune.update(warmup_steps=1, log_every=2, checkpoint_every=2)
@@ -105,5 +115,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.factors = (2, 4, 8)
         c.finetune_steps = (0, 50, 200, 1000)
         c.passkey_min_length = 512
+        c.retrieval_tasks = ("passkey", "niah_single", "niah_multikey", "variable_tracking")
         c.search.short = True
     return c

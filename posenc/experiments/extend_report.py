@@ -2,7 +2,7 @@
 
 Cells are means over seeds (± population std with several seeds); a budget
 whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
-passkey: retrieval accuracy (exact match: every digit of the key right).
+passkey and the RULER tasks: retrieval accuracy (exact match: the whole answer right).
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import numpy as np
 
 from posenc.experiments import figures, tables
 
-_METRIC = {"text": ("loss", "loss (nats / byte)"), "passkey": ("exact_match", "passkey accuracy")}
+def _metric(task: str) -> tuple[str, str]:
+    """(metric, label): text's loss, every retrieval task's exact match."""
+    return ("loss", "loss (nats / byte)") if task == "text" else ("exact_match", f"{task} accuracy")
 
 
 def _cells(rows):
     """``{(task, method, factor, steps, eval_length): [values over seeds]}`` (None = diverged)."""
     out = collections.defaultdict(list)
     for r in rows:
-        metric = _METRIC.get(r["task"], ("loss",))[0]
+        metric = _metric(r["task"])[0]
         out[(r["task"], r["method"], r["factor"], r["finetune_steps"], r["eval_length"])].append(
             None if r.get("diverged_at_step") is not None else r[metric])
     return out
@@ -43,7 +45,7 @@ def table_markdown(rows: list[dict]) -> str:
     seeds = sorted({r["seed"] for r in rows})
     for task in tables.order(rows, "task"):
         mine = [r for r in rows if r["task"] == task]
-        metric, label = _METRIC.get(task, ("loss", "loss"))
+        metric, label = _metric(task)
         length = mine[0]["train_length"]
         lines += [f"## {task}: {label}", "", f"Mean over {len(seeds)} seed(s); base trained at L = "
                   f"{length}; fine-tuning tokens in brackets.", ""]
@@ -71,7 +73,7 @@ def _mean(values):
 
 
 def write_plots(rows: list[dict], directory: str) -> list[str]:
-    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and (with passkey rows) extend_passkey.png."""
+    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and per retrieval task extend_<task>.png (passkey: extend_passkey.png)."""
     plt = figures.pyplot()
     os.makedirs(directory, exist_ok=True)
     cells, paths = _cells(rows), []
@@ -106,11 +108,12 @@ def write_plots(rows: list[dict], directory: str) -> list[str]:
         paths.append(os.path.join(directory, "extend_loss_vs_length.png"))
         figures.save(fig, paths[-1])
 
-    for task, name in (("text", "extend_loss_vs_tokens.png"), ("passkey", "extend_passkey.png")):
+    for task, name in [("text", "extend_loss_vs_tokens.png")] + [
+            (t, f"extend_{t}.png") for t in tables.order(rows, "task") if t != "text"]:
         mine = [r for r in rows if r["task"] == task]
         if not mine:
             continue
-        metric, label = _METRIC[task]
+        metric, label = _metric(task)
         fs = sorted({r["factor"] for r in mine})
         fig, axes = plt.subplots(1, len(fs), figsize=(4.2 * len(fs), 3.8), squeeze=False)
         for ax, f in zip(axes[0], fs):

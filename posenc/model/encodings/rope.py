@@ -234,3 +234,12 @@ def scaling_defaults() -> dict:
     defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
     used = {k for ks in rope_scaling.KEYWORDS.values() for k in ks} - {"base", "seq_len"}
     return {name: defaults[name] for name in sorted(used & set(defaults))}
+
+
+def remap_defaults() -> dict:
+    """``{option: default}`` of the remapping and every option a remapping reads: the fields to
+    reset when a model changes its remapping."""
+    from posenc.model import options as options_lib
+
+    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
+    return {name: defaults[name] for name in ["remap", *_REMAP_OPTIONS]}
