@@ -450,7 +450,7 @@ class Extend(engine.Study):
         for r in finetune.evaluate_params(base, zero, d, name=point.name):
             method = r.get("eval_variant") or "default"
             if method in ctx.config.methods:
-                rows.append(study_row(r, method=method, task="text", **ident))
+                rows.append(study_row(r, method=method, task=str(zero.config.task.name), **ident))
         for method in ctx.config.methods if self._wants_passkey(ctx, p["target"]) else ():
             spec = zero.spec if method == "default" else zero.eval_variants[method][1]
             rows += [study_row(r, method=method, task=r["task"], **ident) for r in self._passkey(
