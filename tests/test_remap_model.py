@@ -156,5 +156,8 @@ def test_remap_refuses_qk_norm_after_rope_and_xpos():
                                          r"'rerope' cannot be combined"):
         helpers.spec("rope", position=dict(remap="rerope", window=3),
                      norm=dict(qk_norm="rms", qk_norm_after_rope=True))
+    with pytest.raises(ValueError, match=r"attention_impl='pallas' needs encodings with an in-kernel form; "
+                                         r"rope has none"):
+        helpers.spec("rope", position=dict(remap="rerope", window=3), attention_impl="pallas")
     with pytest.raises(ValueError, match=r"model.position.xpos.remap='rerope': xPos"):
         helpers.spec("xpos", position=dict(remap="rerope", window=3))

@@ -142,7 +142,8 @@ def _spec(cfg, train_length) -> ModelSpec:
     norm = _norm(cfg.norm)
     _check_own_qk_norm(position, norm)
     if cfg.attention_impl == "pallas":
-        no_kernel = [k for k in position.layer_kinds if not encoding.get(k).has_kernel_form()]
+        no_kernel = [k for k, opts in zip(position.layer_kinds, position.layer_options)
+                     if not encoding.get(k).has_kernel_form() or encoding.get(k).rotates_in_attention(opts)]
         if no_kernel:
             raise ValueError(f"model.attention_impl='pallas' needs encodings with an in-kernel "
                              f"form; {', '.join(dict.fromkeys(no_kernel))} has none (use 'auto')")
