@@ -258,7 +258,7 @@ def finetune_config(config, base_config, fields: dict, target: int, steps: int):
     return c
 
 
-_KEEP = ("eval_length", "loss", "accuracy", "exact_match", "perplexity", "loss_last_L",
+_KEEP = ("eval_length", "loss", "accuracy", "exact_match", "perplexity", "loss_last_L", "sweep",
          "finetune_steps", "finetune_tokens", "diverged_at_step", "not_applicable", "train_seconds")
 
 

@@ -23,6 +23,8 @@ def _cells(rows):
     """``{(task, method, factor, steps, eval_length): [values over seeds]}`` (None = diverged)."""
     out = collections.defaultdict(list)
     for r in rows:
+        if r.get("sweep"):  # a task's sweep rows (passkey depth) stay in the rows, not in the cells
+            continue
         metric = _metric(r["task"])[0]
         out[(r["task"], r["method"], r["factor"], r["finetune_steps"], r["eval_length"])].append(
             None if r.get("diverged_at_step") is not None else r[metric])
