@@ -277,3 +277,20 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     with pytest.raises(prepare.ConfigError, match="base_run and base_hf both name a base model"):
         c.base_run = workdir
         engine.validate(experiments.study("extend"), c)
+
+
+def test_the_paired_table_compares_each_method_with_extrapolation_seed_by_seed():
+    from posenc.experiments import extend_report
+
+    def row(method, seed, em, sweep=None):
+        return dict(task="passkey", method=method, seed=seed, factor=4.0, finetune_steps=0, eval_length=64,
+                    target_length=64, exact_match=em, sweep=sweep)
+
+    rows = [row("default", s, 0.1 * s) for s in range(3)] + [row("self_extend", s, 0.1 * s + 0.5 + 0.01 * s)
+                                                             for s in range(3)]
+    rows += [row("self_extend", s, 1.0, {"depth": 0.0}) for s in range(3)]
+    text = extend_report.paired_markdown(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| self_extend"))
+    # differences 0.50, 0.51, 0.52: mean 0.51, t_{0.975,2} * 0.01 / sqrt(3) = 0.0248
+    assert line.startswith("| self_extend | 0.610 [") and "| 0.510 [0.485, 0.535] | yes | 1.000 |" in line
+    assert "| default | 0.100 [" in text and "depth 0 |" in text

@@ -498,5 +498,6 @@ class Extend(engine.Study):
 
     def report(self, rows, ctx):
         path = os.path.join(ctx.workdir, "table.md")
-        tables.write(path, "\n".join(tables.missing_note(ctx)) + extend_report.table_markdown(rows))
+        tables.write(path, "\n".join(tables.missing_note(ctx)) + extend_report.table_markdown(rows) + "\n"
+                     + extend_report.paired_markdown(rows))
         return [path] + extend_report.write_plots(rows, os.path.join(ctx.workdir, "plots"))

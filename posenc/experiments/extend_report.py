@@ -141,3 +141,38 @@ def write_plots(rows: list[dict], directory: str) -> list[str]:
         paths.append(os.path.join(directory, name))
         figures.save(fig, paths[-1])
     return paths
+
+
+def paired_markdown(rows: list[dict], *, baseline: str = "default") -> str:
+    """Zero-shot at each target: every method against ``baseline`` seed by seed.
+
+    Per task and factor, a row per method: its metric at s L (mean [95% t-interval] {min-max} over
+    seeds) and the paired difference method - baseline over the seeds both have; "X beats Y" needs
+    that interval to exclude zero (:func:`posenc.experiments.stats.paired`). With a task's depth
+    sweep (passkey), the mean over seeds at each depth follows.
+    """
+    from posenc.experiments import stats
+
+    zero = [r for r in rows if not r["finetune_steps"] and r["eval_length"] == r["target_length"]]
+    lines = []
+    for task in tables.order(zero, "task"):
+        metric, label = _metric(task)
+        for factor in sorted({r["factor"] for r in zero if r["task"] == task}):
+            rs = [r for r in zero if r["task"] == task and r["factor"] == factor]
+            plain = [r for r in rs if not r.get("sweep")]
+            by = {m: {r["seed"]: r[metric] for r in plain if r["method"] == m} for m in tables.order(plain, "method")}
+            depths = sorted({r["sweep"]["depth"] for r in rs if r.get("sweep") and "depth" in r["sweep"]})
+            lines += [f"### {task}, factor {factor:g}: zero-shot {label} at {rs[0]['target_length']} against "
+                      f"{baseline}", ""]
+            header = ["method", label, f"- {baseline} (paired)", "excludes 0"] + [f"depth {d:g}" for d in depths]
+            body = []
+            for m, values in by.items():
+                diff = stats.paired(values, by.get(baseline, {}))
+                at = [stats.interval([r[metric] for r in rs if r["method"] == m and r.get("sweep")
+                                      and r["sweep"].get("depth") == d]) for d in depths]
+                body.append([m, tables.number(stats.interval(list(values.values())), metric=metric),
+                             "" if m == baseline else tables.number(diff, spread=False),
+                             "" if m == baseline else ("yes" if stats.excludes_zero(diff) else "no")]
+                            + [f"{a.mean:.3f}" if a else "" for a in at])
+            lines += tables.table(header, body) + [""]
+    return "\n".join(lines)
