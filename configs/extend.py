@@ -16,9 +16,13 @@ vocabulary) is scored at target lengths >= `passkey_min_length`: the two
 measures of YaRN (Peng et al. 2023), perplexity and passkey accuracy.
 
 Args:
-    smoke   a tiny base, no scaling and LongRoPE, budgets 0 and 2 (seconds; the engine's tests)
+    smoke   a tiny base, no scaling, LongRoPE and Self-Extend, budgets 0 and 2 (seconds; the engine's tests)
     quick   L = 128, factors 2 and 4, budgets 0, 30 and 120 steps, one seed
             (about 10 minutes on 2 CPU cores; passkey at 512).
+    retrieval  a base that retrieves in distribution: trained on passkey at
+            L = 320 until its validation accuracy (per answer byte) reaches 0.95 (at most 1500
+            steps), three seeds; zero-shot at 4 L = 1280 with no scaling, NTK,
+            YaRN and the training-free remappings; passkey is the main task
     full    (default) L = 256, factors 2, 4 and 8, budgets 0, 50, 200 and 1000,
             two seeds; passkey at 512, 1024 and 2048.
 
@@ -32,12 +36,20 @@ Fields:
                        s = n / L), yarn (temperature "paper": sqrt(1/t) = 0.1 ln s
                        + 1, as the paper and HF), yarn_quadratic (t = 1 + 0.1 ln s
                        + 0.07 ln^2 s), dynamic_yarn, longrope (factors searched
-                       on the base model, posenc.rope_search), llama3
+                       on the base model, posenc.rope_search), llama3; the
+                       training-free remappings (model.position.rope.remap, zero-shot
+                       only but dual_chunk): self_extend, rerope, leaky_rerope,
+                       dual_chunk, string, streaming_llm, lm_infinite, with the
+                       papers' settings at (s, L) (experiments.extend.METHODS)
     factors            s: each method extends L to s L
     finetune_steps     budgets (0 = zero-shot only)
     finetune           train.* fields of the fine-tunes; batch_size 0 keeps the
                        base's tokens per step (base batch * L / (s L))
-    passkey_min_length passkey at target lengths >= this (0: never)
+    passkey_min_length the retrieval tasks at target lengths >= this (0: never)
+    retrieval_tasks    byte-level retrieval tasks: passkey, RULER's niah_single,
+                       niah_multikey, niah_multivalue, niah_multiquery,
+                       variable_tracking, common_words, frequent_words (each at
+                       the target lengths it fits)
     search             LongRoPE search: batch_size windows of training data at
                        s L; short=True also searches short_factor at L; the rest
                        are posenc.rope_search.search options
@@ -50,9 +62,12 @@ import ml_collections
 from configs import default  # the repository root is on sys.path (python -m experiments...)
 from posenc.config.schema import unknown_argument
 
-ARGS = ("smoke", "quick", "full")
+ARGS = ("smoke", "quick", "retrieval", "full")
+RETRIEVAL_METHODS = ("default", "ntk", "yarn", "self_extend", "rerope", "dual_chunk", "string",
+                     "streaming_llm", "lm_infinite")
 METHODS = ("default", "linear", "ntk", "dynamic", "yarn", "yarn_quadratic", "dynamic_yarn",
-           "longrope", "llama3")
+           "longrope", "llama3", "self_extend", "rerope", "leaky_rerope", "dual_chunk", "string",
+           "streaming_llm", "lm_infinite")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -68,6 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     b.eval.update(batch_size=8, num_batches=2)
     c.base_run = ""
     c.methods = METHODS
+    c.retrieval_tasks = ("passkey",)
     c.finetune = ml_collections.ConfigDict(dict(
         learning_rate=3e-4, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0, batch_size=0,
         log_every=10, checkpoint_every=1000))
@@ -80,7 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         b.train.update(steps=10, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=5)
         b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
         c.seeds = (0,)
-        c.methods = ("default", "longrope")
+        c.methods = ("default", "longrope", "self_extend")
         c.factors = (2,)
         c.finetune_steps = (0, 2)
         c.finetune.update(warmup_steps=1, log_every=2, checkpoint_every=2)
@@ -96,6 +112,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.finetune_steps = (0, 30, 120)
         c.passkey_min_length = 512
         c.search.update(population_size=12, parents_size=6, iterations=6)
+    elif arg == "retrieval":  # a base that retrieves in distribution: trained on passkey until it fits
+        b.task.name = "passkey"
+        b.task.options = ml_collections.ConfigDict()
+        b.task.train_length = 320  # passkey needs >= 252 bytes; up to 67 filler bytes here
+        b.train.update(steps=1500, batch_size=16, fit_accuracy=0.95, fit_check_every=250, log_every=250,
+                       checkpoint_every=1500)
+        b.eval.update(lengths=(320,), num_batches=4, decode=False)  # 32 keys a length; teacher-forced EM
+        c.seeds = (0, 1, 2)
+        c.methods = RETRIEVAL_METHODS
+        c.factors = (4,)
+        c.finetune_steps = (0,)
+        c.passkey_min_length = 0
     else:
         b.task.train_length = 256
         b.task.options.max_bytes = 8_000_000
@@ -105,5 +133,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.factors = (2, 4, 8)
         c.finetune_steps = (0, 50, 200, 1000)
         c.passkey_min_length = 512
+        c.retrieval_tasks = ("passkey", "niah_single", "niah_multikey", "variable_tracking")
         c.search.short = True
     return c

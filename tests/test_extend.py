@@ -46,18 +46,34 @@ def test_every_method_builds_a_valid_config(tiny_study):
     assert options["yarn"]["temperature"] == "paper"
     assert options["yarn_quadratic"]["temperature"] == "quadratic"
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
-    assert all(o["original_length"] == 16 for m, o in options.items() if m not in ("linear", "ntk"))
-    for m in ("dynamic_yarn", "llama3", "longrope"):  # fine-tunes at 64 keep L = 16 as the original
+    assert all(o["original_length"] == 16 for m, o in options.items()
+               if m not in ("linear", "ntk") and study.METHODS[m].scaling is not None)
+    # the remappings at s = 4, L = 16: the papers' settings (experiments.extend.METHODS)
+    assert {k: options["self_extend"][k] for k in ("remap", "group", "window", "scaling")} == dict(
+        remap="self_extend", group=8, window=8, scaling="default")
+    assert (options["leaky_rerope"]["window"], options["leaky_rerope"]["leaky"]) == (4, 8.0)
+    assert (options["dual_chunk"]["chunk"], options["dual_chunk"]["local_window"]) == (12, 2)
+    assert (options["streaming_llm"]["sinks"], options["streaming_llm"]["window"]) == (4, 11)
+    assert all(o["remap"] == "none" for m, o in options.items() if not study.METHODS[m].remap)
+    points = {p.name for p in engine.expand(experiments.study("extend"), _all_methods())[1]}
+    assert "finetune_dual_chunk_x2_s0" in points and "finetune_self_extend_x2_s0" not in points
+    for m in ("dynamic_yarn", "llama3", "longrope", "dual_chunk"):  # fine-tunes at 64 keep L = 16
         ft = prepare.resolve(study.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
         assert ft.config.task.train_length == 64 and ft.config.train.batch_size == 1  # 4 * 16 / 64
-        assert ft.spec.position.options["rope"]["original_length"] == 16
+        assert ft.spec.position.options["rope"]["original_length"] in (0, 16)  # 0: unused (dual_chunk)
+
+
+def _all_methods():
+    c = tiny_config()
+    c.methods = extend_config.METHODS
+    return c
 
 
 @pytest.mark.slow
 def test_study_rows_table_and_plots(tiny_study):
     workdir, rows = tiny_study
-    # 2 methods x (zero-shot + 1 budget) x eval lengths (16, 32)
-    assert len(rows) == 8
+    # 2 methods x (zero-shot + 1 budget) x eval lengths (16, 32), Self-Extend zero-shot only
+    assert len(rows) == 10
     for r in rows:
         for f in ("method", "factor", "finetune_steps", "finetune_tokens", "eval_length", "train_length",
                   "target_length", "loss", "accuracy", "seed"):
@@ -66,9 +82,12 @@ def test_study_rows_table_and_plots(tiny_study):
         assert r["finetune_tokens"] == r["finetune_steps"] * 2 * 32  # batch 4 * 16 / 32 = 2
         assert np.isfinite(r["loss"])
     assert {(r["method"], r["finetune_steps"]) for r in rows} == {
-        (m, n) for m in ("default", "longrope") for n in (0, 2)}
+        (m, n) for m in ("default", "longrope") for n in (0, 2)} | {("self_extend", 0)}
+    # Self-Extend (window 8, group 4) changes the distances beyond 8 at both lengths
+    zero = {(r["method"], r["eval_length"]): r["loss"] for r in rows if not r["finetune_steps"]}
+    assert all(zero[("self_extend", n)] != zero[("default", n)] for n in (16, 32))
     table = open(os.path.join(workdir, "table.md")).read()
-    assert "### factor 2 (target 32)" in table and "| longrope |" in table
+    assert "### factor 2 (target 32)" in table and "| longrope |" in table and "| self_extend |" in table
     for name in ("extend_loss_vs_length.png", "extend_loss_vs_tokens.png"):
         assert os.path.getsize(os.path.join(workdir, "plots", name)) > 1000
     # the zero-shot default method at L is the base model itself
@@ -190,13 +209,17 @@ def test_config_args():
     for arg in extend_config.ARGS:
         c = extend_config.get_config(arg)
         engine.expand(experiments.study("extend"), c)
-        if arg != "smoke":
+        if arg not in ("smoke", "retrieval"):
             assert set(c.methods) == set(study.METHODS)
         assert c.finetune.min_lr_ratio == 1.0  # budgets continue each other
         prepare.resolve(c.base)
     c = extend_config.get_config("quick")
     c.methods = ("yarn", "pi")
     with pytest.raises(prepare.ConfigError, match="methods entry"):
+        engine.validate(experiments.study("extend"), c)
+    c = extend_config.get_config("quick")
+    c.retrieval_tasks = ("passkey", "niah")
+    with pytest.raises(prepare.ConfigError, match=r"retrieval_tasks entry: unknown task 'niah'"):
         engine.validate(experiments.study("extend"), c)
     with pytest.raises(ValueError, match="unknown configs/extend.py argument"):
         extend_config.get_config("tiny")
@@ -232,7 +255,7 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     c.base.task.options = {"tokens": str(tokens)}
     c.base.task.train_length = 8
     c.base.eval.update(batch_size=2, num_batches=1, tokens=16)  # two windows of 8, one of 16
-    c.methods, c.factors, c.finetune_steps = ("default", "linear", "yarn"), (2,), (0,)
+    c.methods, c.factors, c.finetune_steps = ("default", "linear", "yarn", "streaming_llm"), (2,), (0,)
     workdir = str(tmp_path / "ext")
     rows = experiments.run("extend", c, workdir)
     assert {(r["method"], r["eval_length"]) for r in rows} == {(m, n) for m in c.methods for n in (8, 16)}
@@ -247,6 +270,27 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     assert base_row["loss"] == pytest.approx(float(loss), rel=1e-5)
     linear = next(r for r in rows if r["method"] == "linear" and r["eval_length"] == 16)
     assert np.isfinite(linear["loss"]) and linear["finetune_steps"] == 0
+    # StreamingLLM (4 sinks, 3 recent keys: a cache of L = 8) is the checkpoint itself at 8, not at 16
+    sl = {r["eval_length"]: r["loss"] for r in rows if r["method"] == "streaming_llm"}
+    base16 = next(r["loss"] for r in rows if r["method"] == "default" and r["eval_length"] == 16)
+    assert sl[8] == pytest.approx(base_row["loss"], rel=1e-5) and sl[16] != pytest.approx(base16, rel=1e-4)
     with pytest.raises(prepare.ConfigError, match="base_run and base_hf both name a base model"):
         c.base_run = workdir
         engine.validate(experiments.study("extend"), c)
+
+
+def test_the_paired_table_compares_each_method_with_extrapolation_seed_by_seed():
+    from posenc.experiments import extend_report
+
+    def row(method, seed, em, sweep=None):
+        return dict(task="passkey", method=method, seed=seed, factor=4.0, finetune_steps=0, eval_length=64,
+                    target_length=64, exact_match=em, sweep=sweep)
+
+    rows = [row("default", s, 0.1 * s) for s in range(3)] + [row("self_extend", s, 0.1 * s + 0.5 + 0.01 * s)
+                                                             for s in range(3)]
+    rows += [row("self_extend", s, 1.0, {"depth": 0.0}) for s in range(3)]
+    text = extend_report.paired_markdown(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| self_extend"))
+    # differences 0.50, 0.51, 0.52: mean 0.51, t_{0.975,2} * 0.01 / sqrt(3) = 0.0248
+    assert line.startswith("| self_extend | 0.610 [") and "| 0.510 [0.485, 0.535] | yes | 1.000 |" in line
+    assert "| default | 0.100 [" in text and "depth 0 |" in text

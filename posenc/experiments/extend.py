@@ -9,7 +9,12 @@ parameters at L and s L with every method as an evaluation variant
 checkpoint for each budget (``finetune_<method>_x<s>_s<seed>``,
 :mod:`posenc.training.finetune`; with a constant learning rate a budget
 continues the next shorter one, which equals training it from the base).
-Passkey retrieval is scored at target lengths >= ``passkey_min_length``.
+The training-free remappings (Self-Extend, ReRoPE, DCA, STRING, StreamingLLM,
+LM-Infinite: ``model.position.rope.remap``) are methods too, evaluation
+variants of the same base; those without fine-tuning in their paper
+(``Method.finetune`` False: all but DCA) have no fine-tune points. The
+retrieval tasks (``retrieval_tasks``: passkey, RULER's) are scored at target
+lengths >= ``passkey_min_length`` that they fit.
 
 Rows: one per method, factor, budget, task and eval length (fields in
 :data:`Extend.row_fields`). Report: ``table.md`` and the plots of
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable, NamedTuple
 
 from absl import logging
 
@@ -30,17 +36,51 @@ from posenc.experiments import engine, extend_report, tables
 from posenc.model import options as o
 from posenc.training.schema import Run
 
-# method -> (posenc.rope scaling kind, extra model.position.rope fields)
+class Method(NamedTuple):
+    """One extension method: its posenc.rope scaling, fixed fields and training-free remapping."""
+
+    scaling: str | None  # the posenc.rope scaling kind (None: the base's own, for a remapping)
+    extra: dict = {}  # further model.position.rope fields
+    # (factor s, training length L) -> the model.position.rope remap fields (posenc.model.encodings.rope.REMAPS)
+    remap: Callable[[float, int], dict] | None = None
+    finetune: bool = True  # False: training-free only (no fine-tuning points)
+
+
+def _group(s: float) -> int:
+    return max(1, int(round(2 * s)))
+
+
+# method -> Method. The remappings' settings are the papers' rules at (s, L): Self-Extend's neighbor window
+# W = L / 2 and group G = 2 s keep every grouped distance below L (W + (s L - W) / G < L; Jin et al. §3.3);
+# ReRoPE's window w = L / 4 (bojone/rerope uses 512 of 2048 / 4096), Leaky ReRoPE's k = 2 s keeps w + (s L -
+# w) / k < L; DCA's chunk 3/4 L and local window L / 8 (ChunkLlama's defaults); STRING's shift S = L / 3 and
+# local window L / 8 (An et al. 2025: S in 0.25-0.4 L); StreamingLLM's 4 sinks and L - 5 recent keys (the
+# query's slot stays below L); LM-Infinite's global branch 10 and local branch = limit = L (Han et al. §4).
 METHODS = {
-    "default": ("default", {}),
-    "linear": ("linear", {}),
-    "ntk": ("ntk", {}),
-    "dynamic": ("dynamic", {}),  # factor 1: s = n / L at the current length n (emozilla)
-    "yarn": ("yarn", {}),  # temperature "paper": sqrt(1/t) = 0.1 ln s + 1
-    "yarn_quadratic": ("yarn", {"temperature": "quadratic"}),  # t = 1 + 0.1 ln s + 0.07 ln^2 s
-    "dynamic_yarn": ("dynamic_yarn", {}),
-    "longrope": ("longrope", {}),  # factors searched on the base model
-    "llama3": ("llama3", {}),
+    "default": Method("default"),
+    "linear": Method("linear"),
+    "ntk": Method("ntk"),
+    "dynamic": Method("dynamic"),  # factor 1: s = n / L at the current length n (emozilla)
+    "yarn": Method("yarn"),  # temperature "paper": sqrt(1/t) = 0.1 ln s + 1
+    "yarn_quadratic": Method("yarn", {"temperature": "quadratic"}),  # t = 1 + 0.1 ln s + 0.07 ln^2 s
+    "dynamic_yarn": Method("dynamic_yarn"),
+    "longrope": Method("longrope"),  # factors searched on the base model
+    "llama3": Method("llama3"),
+    "self_extend": Method(None, remap=lambda s, n: dict(remap="self_extend", group=_group(s),
+                                                              window=max(1, n // 2)), finetune=False),
+    "rerope": Method(None, remap=lambda s, n: dict(remap="rerope", window=max(1, n // 4)),
+                     finetune=False),
+    "leaky_rerope": Method(None, remap=lambda s, n: dict(remap="rerope", window=max(1, n // 4),
+                                                               leaky=float(_group(s))), finetune=False),
+    # DCA is also fine-tuned in its paper (ChunkLlama2 on long conversations)
+    "dual_chunk": Method(None, remap=lambda s, n: dict(remap="dual_chunk", chunk=3 * n // 4,
+                                                             local_window=n // 8)),
+    "string": Method(None, remap=lambda s, n: dict(remap="string", shift=max(1, n // 3),
+                                                         local_window=n // 8), finetune=False),
+    "streaming_llm": Method(None, remap=lambda s, n: dict(remap="streaming_llm", sinks=4,
+                                                                window=max(0, n - 5)), finetune=False),
+    "lm_infinite": Method(None, remap=lambda s, n: dict(remap="lm_infinite", global_branch=10,
+                                                              local_branch=n, limit=n), finetune=False),
 }
 _ADAPTIVE = ("dynamic",)  # the scale follows the current length: no fixed factor
 PASSKEY_EVAL = dict(batch_size=8, num_batches=4)  # 32 keys per target length
@@ -59,6 +99,16 @@ def _nonempty(check):
         return tuple(check(f"{name} entry", v) for v in value)
 
     return wrapped
+
+
+def _task_name(name, value):
+    from posenc.tasks import registry
+
+    try:
+        registry.task_class(value)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    return value
 
 
 def _budgets(name, value):
@@ -109,7 +159,10 @@ class ExtendConfig(Section):
                     "s: each method extends L to s L", type=tuple)
     finetune_steps = Field((0,), _budgets, "fine-tuning budgets (0 = zero-shot only)", type=tuple)
     finetune = Sub(Finetune)
-    passkey_min_length = Field(0, o.nonnegative_int, "passkey at target lengths >= this (0: never)")
+    passkey_min_length = Field(0, o.nonnegative_int, "the retrieval tasks at target lengths >= this (0: never)")
+    retrieval_tasks = Field(("passkey",), _nonempty(_task_name), "byte-level retrieval tasks scored beside the "
+                            "text (passkey; RULER's niah_single, niah_multikey, ..., variable_tracking, "
+                            "common_words, frequent_words)", type=tuple)
     search = Sub(Search)
 
     @classmethod
@@ -126,8 +179,10 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
     """The ``model.position.rope.*`` fields of ``method`` at factor s (``longrope``: a factor file).
 
     ``default`` changes nothing (the base's own RoPE: no scaling for a trained base, the
-    checkpoint's own for ``base_hf``); every other method sets its scaling and resets the
-    options of other scalings to their defaults, whatever the base had.
+    checkpoint's own for ``base_hf``); a remapping (``Method.scaling`` None) sets its remap fields
+    on the base's own RoPE (its scaling kept); every other method sets its scaling (and a remapping
+    when it has one) and resets the options of other scalings and remappings to their defaults,
+    whatever the base had.
     """
     from posenc import rope_scaling
     from posenc.model.encodings import rope as rope_unit
@@ -135,20 +190,25 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
 
     if method == "default":
         return {}
+    m = METHODS[method]
+    remapped = m.remap(float(factor), int(original_length)) if m.remap is not None else {}
+    fields = {f"model.position.rope.{k}": v for k, v in remapped.items()}
+    resets = dict(rope_unit.remap_defaults())
     if method == "longrope":
         if longrope is None:
             raise ValueError("method 'longrope' needs searched factors")
-        fields = longrope_lib.rope_fields(longrope)
-    else:
-        scaling, extra = METHODS[method]
-        used = rope_scaling.KEYWORDS[scaling]
-        fields = {"model.position.rope.scaling": scaling}
+        fields.update(longrope_lib.rope_fields(longrope))
+    if m.scaling is not None and method != "longrope":
+        used = rope_scaling.KEYWORDS[m.scaling]
+        fields["model.position.rope.scaling"] = m.scaling
         if "factor" in used and method not in _ADAPTIVE:
             fields["model.position.rope.factor"] = float(factor)
         if "original_length" in used:
             fields["model.position.rope.original_length"] = int(original_length)
-        fields.update({f"model.position.rope.{k}": v for k, v in extra.items()})
-    for name, default in rope_unit.scaling_defaults().items():
+        fields.update({f"model.position.rope.{k}": v for k, v in m.extra.items()})
+    if m.scaling is not None:
+        resets.update(rope_unit.scaling_defaults())
+    for name, default in resets.items():
         fields.setdefault(f"model.position.rope.{name}", default)
     return fields
 
@@ -198,7 +258,7 @@ def finetune_config(config, base_config, fields: dict, target: int, steps: int):
     return c
 
 
-_KEEP = ("eval_length", "loss", "accuracy", "exact_match", "perplexity", "loss_last_L",
+_KEEP = ("eval_length", "loss", "accuracy", "exact_match", "perplexity", "loss_last_L", "sweep",
          "finetune_steps", "finetune_tokens", "diverged_at_step", "not_applicable", "train_seconds")
 
 
@@ -295,7 +355,7 @@ class Extend(engine.Study):
                 _resolve(zero_shot_config(resolved.config, fields, target), f"zero_shot_{tag}")
                 common = dict(seed=seed, factor=float(factor), length=length, target=target)
                 points.append(engine.Point(f"zero_shot_{tag}", common, after=deps))
-                for method in config.methods:
+                for method in (m for m in config.methods if METHODS[m].finetune):
                     for steps in sorted({int(n) for n in config.finetune_steps if int(n) > 0}):
                         _resolve(finetune_config(config, resolved.config, fields[method], target, steps),
                                  f"finetune_{method}_{tag}_n{steps}")
@@ -357,17 +417,23 @@ class Extend(engine.Study):
         logging.info("LongRoPE x%g: perplexity %.3f (seeds %s) in %.0fs", factor,
                      found["search"]["long"]["fitness"], found["search"]["long"]["seeds"], time.time() - t0)
 
-    def _passkey(self, params, resolved, spec, target: int, path: str, key: str) -> list[dict]:
-        """Passkey rows at ``target`` (cached in ``path`` under ``key``: a point resumes without redoing them)."""
+    def _passkey(self, params, resolved, spec, target: int, path: str, key: str, tasks) -> list[dict]:
+        """Rows of every retrieval task that fits ``target`` (cached in ``path`` under ``key`` and the task: a
+        point resumes without redoing them)."""
         from posenc import files
         from posenc.training import finetune
 
-        cached = [r for r in files.read_jsonl(path) if r.get("cache_key") == key]
-        if cached:
-            return cached
-        rows = [dict(r, cache_key=key) for r in finetune.evaluate_on(
-            params, resolved, "passkey", [target], spec=spec, eval_fields=PASSKEY_EVAL)]
-        files.write_jsonl(path, [r for r in files.read_jsonl(path) if r.get("cache_key") != key] + rows)
+        from posenc.tasks import registry
+
+        rows = []
+        for task in (t for t in tasks if registry.make(t).min_length() <= target):  # the ones that fit
+            k = key if task == "passkey" else f"{key}:{task}"
+            cached = [r for r in files.read_jsonl(path) if r.get("cache_key") == k]
+            if not cached:
+                cached = [dict(r, cache_key=k) for r in finetune.evaluate_on(
+                    params, resolved, task, [target], spec=spec, eval_fields=PASSKEY_EVAL)]
+                files.write_jsonl(path, [r for r in files.read_jsonl(path) if r.get("cache_key") != k] + cached)
+            rows += cached
         return rows
 
     def _wants_passkey(self, ctx, target: int) -> bool:
@@ -384,11 +450,12 @@ class Extend(engine.Study):
         for r in finetune.evaluate_params(base, zero, d, name=point.name):
             method = r.get("eval_variant") or "default"
             if method in ctx.config.methods:
-                rows.append(study_row(r, method=method, task="text", **ident))
+                rows.append(study_row(r, method=method, task=str(zero.config.task.name), **ident))
         for method in ctx.config.methods if self._wants_passkey(ctx, p["target"]) else ():
             spec = zero.spec if method == "default" else zero.eval_variants[method][1]
-            rows += [study_row(r, method=method, task="passkey", **ident) for r in self._passkey(
-                base.params, zero, spec, p["target"], os.path.join(d, "passkey.jsonl"), f"{zero.hash}:{method}")]
+            rows += [study_row(r, method=method, task=r["task"], **ident) for r in self._passkey(
+                base.params, zero, spec, p["target"], os.path.join(d, "passkey.jsonl"), f"{zero.hash}:{method}",
+                ctx.config.retrieval_tasks)]
         return rows
 
     def _finetunes(self, ctx, point, base) -> list[dict]:
@@ -423,12 +490,14 @@ class Extend(engine.Study):
             if self._wants_passkey(ctx, p["target"]) and previous is not None:
                 trained = finetune.load_run(d)
                 rows += [study_row(dict(r, finetune_steps=steps, finetune_tokens=run_rows[0]["finetune_tokens"]),
-                                   task="passkey", run=name, **ident)
+                                   task=r["task"], run=name, **ident)
                          for r in self._passkey(trained.params, resolved, resolved.spec, p["target"],
-                                                os.path.join(d, "passkey.jsonl"), resolved.hash)]
+                                                os.path.join(d, "passkey.jsonl"), resolved.hash,
+                                                ctx.config.retrieval_tasks)]
         return rows
 
     def report(self, rows, ctx):
         path = os.path.join(ctx.workdir, "table.md")
-        tables.write(path, "\n".join(tables.missing_note(ctx)) + extend_report.table_markdown(rows))
+        tables.write(path, "\n".join(tables.missing_note(ctx)) + extend_report.table_markdown(rows) + "\n"
+                     + extend_report.paired_markdown(rows))
         return [path] + extend_report.write_plots(rows, os.path.join(ctx.workdir, "plots"))

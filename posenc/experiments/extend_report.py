@@ -2,7 +2,7 @@
 
 Cells are means over seeds (± population std with several seeds); a budget
 whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
-passkey: retrieval accuracy (exact match: every digit of the key right).
+passkey and the RULER tasks: retrieval accuracy (exact match: the whole answer right).
 """
 
 from __future__ import annotations
@@ -14,14 +14,18 @@ import numpy as np
 
 from posenc.experiments import figures, tables
 
-_METRIC = {"text": ("loss", "loss (nats / byte)"), "passkey": ("exact_match", "passkey accuracy")}
+def _metric(task: str) -> tuple[str, str]:
+    """(metric, label): text's loss, every retrieval task's exact match."""
+    return ("loss", "loss (nats / byte)") if task == "text" else ("exact_match", f"{task} accuracy")
 
 
 def _cells(rows):
     """``{(task, method, factor, steps, eval_length): [values over seeds]}`` (None = diverged)."""
     out = collections.defaultdict(list)
     for r in rows:
-        metric = _METRIC.get(r["task"], ("loss",))[0]
+        if r.get("sweep"):  # a task's sweep rows (passkey depth) stay in the rows, not in the cells
+            continue
+        metric = _metric(r["task"])[0]
         out[(r["task"], r["method"], r["factor"], r["finetune_steps"], r["eval_length"])].append(
             None if r.get("diverged_at_step") is not None else r[metric])
     return out
@@ -43,7 +47,7 @@ def table_markdown(rows: list[dict]) -> str:
     seeds = sorted({r["seed"] for r in rows})
     for task in tables.order(rows, "task"):
         mine = [r for r in rows if r["task"] == task]
-        metric, label = _METRIC.get(task, ("loss", "loss"))
+        metric, label = _metric(task)
         length = mine[0]["train_length"]
         lines += [f"## {task}: {label}", "", f"Mean over {len(seeds)} seed(s); base trained at L = "
                   f"{length}; fine-tuning tokens in brackets.", ""]
@@ -71,7 +75,7 @@ def _mean(values):
 
 
 def write_plots(rows: list[dict], directory: str) -> list[str]:
-    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and (with passkey rows) extend_passkey.png."""
+    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and per retrieval task extend_<task>.png (passkey: extend_passkey.png)."""
     plt = figures.pyplot()
     os.makedirs(directory, exist_ok=True)
     cells, paths = _cells(rows), []
@@ -106,11 +110,12 @@ def write_plots(rows: list[dict], directory: str) -> list[str]:
         paths.append(os.path.join(directory, "extend_loss_vs_length.png"))
         figures.save(fig, paths[-1])
 
-    for task, name in (("text", "extend_loss_vs_tokens.png"), ("passkey", "extend_passkey.png")):
+    for task, name in [("text", "extend_loss_vs_tokens.png")] + [
+            (t, f"extend_{t}.png") for t in tables.order(rows, "task") if t != "text"]:
         mine = [r for r in rows if r["task"] == task]
         if not mine:
             continue
-        metric, label = _METRIC[task]
+        metric, label = _metric(task)
         fs = sorted({r["factor"] for r in mine})
         fig, axes = plt.subplots(1, len(fs), figsize=(4.2 * len(fs), 3.8), squeeze=False)
         for ax, f in zip(axes[0], fs):
@@ -136,3 +141,38 @@ def write_plots(rows: list[dict], directory: str) -> list[str]:
         paths.append(os.path.join(directory, name))
         figures.save(fig, paths[-1])
     return paths
+
+
+def paired_markdown(rows: list[dict], *, baseline: str = "default") -> str:
+    """Zero-shot at each target: every method against ``baseline`` seed by seed.
+
+    Per task and factor, a row per method: its metric at s L (mean [95% t-interval] {min-max} over
+    seeds) and the paired difference method - baseline over the seeds both have; "X beats Y" needs
+    that interval to exclude zero (:func:`posenc.experiments.stats.paired`). With a task's depth
+    sweep (passkey), the mean over seeds at each depth follows.
+    """
+    from posenc.experiments import stats
+
+    zero = [r for r in rows if not r["finetune_steps"] and r["eval_length"] == r["target_length"]]
+    lines = []
+    for task in tables.order(zero, "task"):
+        metric, label = _metric(task)
+        for factor in sorted({r["factor"] for r in zero if r["task"] == task}):
+            rs = [r for r in zero if r["task"] == task and r["factor"] == factor]
+            plain = [r for r in rs if not r.get("sweep")]
+            by = {m: {r["seed"]: r[metric] for r in plain if r["method"] == m} for m in tables.order(plain, "method")}
+            depths = sorted({r["sweep"]["depth"] for r in rs if r.get("sweep") and "depth" in r["sweep"]})
+            lines += [f"### {task}, factor {factor:g}: zero-shot {label} at {rs[0]['target_length']} against "
+                      f"{baseline}", ""]
+            header = ["method", label, f"- {baseline} (paired)", "excludes 0"] + [f"depth {d:g}" for d in depths]
+            body = []
+            for m, values in by.items():
+                diff = stats.paired(values, by.get(baseline, {}))
+                at = [stats.interval([r[metric] for r in rs if r["method"] == m and r.get("sweep")
+                                      and r["sweep"].get("depth") == d]) for d in depths]
+                body.append([m, tables.number(stats.interval(list(values.values())), metric=metric),
+                             "" if m == baseline else tables.number(diff, spread=False),
+                             "" if m == baseline else ("yes" if stats.excludes_zero(diff) else "no")]
+                            + [f"{a.mean:.3f}" if a else "" for a in at])
+            lines += tables.table(header, body) + [""]
+    return "\n".join(lines)

@@ -109,9 +109,15 @@ def visible_keys(num_queries, *, q_offset, kv_length, causal=True, window=0, chu
 
 
 def _logits(encoding, q, k, qp, kp, call):
-    """Pre-mask float32 logits [B, H, Lq, Lk] (k already has H heads); ``call.q_offset`` is the
-    key index of the first of these queries relative to the first of these keys."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * call.scale
+    """Pre-mask float32 logits [B, H, Lq, Lk] (k already has H heads) and the unit's own
+    visibility (bool [B | 1, 1, Lq, Lk], or None: every pair); ``call.q_offset`` is the key
+    index of the first of these queries relative to the first of these keys."""
+    visible = None
+    if encoding.has_pair_logits:  # q.k from per-region rotations (a remapped RoPE)
+        s, visible = encoding.pair_logits(q, k, qp, kp, scale=call.scale)
+        visible = None if visible is None else visible[..., None, :, :]
+    else:
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * call.scale
     bias = encoding.bias(qp, kp)
     if bias is not None:
         s = s + bias
@@ -124,7 +130,11 @@ def _logits(encoding, q, k, qp, kp, call):
         s = s + extra
     if call.softcap:
         s = norms.softcap(s, call.softcap)
-    return s
+    return s, visible
+
+
+def _narrow(mask, visible):
+    return mask if visible is None else mask & visible
 
 
 def _call_mask(q_index, k_index, call):
@@ -138,7 +148,7 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
     Lk = k.shape[1]
     mask = _call_mask(jnp.arange(Lq), jnp.arange(Lk), call)
     plain = not (encoding.has_content_logits or encoding.has_values or encoding.has_feature_bias
-                 or call.softcap or call.stats)
+                 or encoding.has_pair_logits or call.softcap or call.stats)
     if plain:
         # jax.nn.dot_product_attention picks cuDNN flash attention on GPU when it
         # can; on CPU it is the XLA reference (materialises the logits, float32
@@ -149,7 +159,8 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
         return jax.nn.dot_product_attention(
             q, k, v, bias=bias, mask=jnp.broadcast_to(mask, (B, 1, Lq, Lk)), scale=call.scale)
     kr, vr = _repeat_kv(k, H), _repeat_kv(v, H)
-    s = _logits(encoding, q, kr, q_positions, k_positions, call)
+    s, visible = _logits(encoding, q, kr, q_positions, k_positions, call)
+    mask = _narrow(mask, visible)
     s = jnp.where(mask, s, _NEG)
     # Softmax written out so the stats reuse its row max m and sum l (one pass
     # over the [B, H, Lq, Lk] logits instead of a log per weight); the max is
@@ -294,9 +305,10 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, call: Attenti
         q_index = qi * bq + jnp.arange(bq)
         k_index = kj * bk + jnp.arange(bk)
         mask = _call_mask(q_index, k_index, call)
-        s = _logits(encoding, q_blk, k_blk, qp_blk, kp_blk,
-                    call.replace(q_offset=q_offset + qi * bq - kj * bk, q_features=qf_blk,
-                                 k_features=kf_blk))
+        s, visible = _logits(encoding, q_blk, k_blk, qp_blk, kp_blk,
+                             call.replace(q_offset=q_offset + qi * bq - kj * bk, q_features=qf_blk,
+                                          k_features=kf_blk))
+        mask = _narrow(mask, visible)
         s = jnp.where(mask, s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))
         alpha = jnp.exp(m - m_new)

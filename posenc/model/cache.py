@@ -9,6 +9,14 @@ full forward pass over the prefix of length t + 1. Hugging Face instead keeps
 keys rotated under the base in force when they were written ("stale" keys);
 that behaviour is not reproduced here (a documented difference).
 
+A remapped RoPE (``model.position.rope.remap``: Self-Extend, ReRoPE, DCA,
+STRING, StreamingLLM, LM-Infinite) needs nothing more: the keys are cached
+unrotated with their positions and every step rotates them per region of the
+method (``posenc.remap``). StreamingLLM's evicted keys stay in their slots,
+masked, and its cache-slot positions are computed from the token positions
+(``posenc.sinks``): the logits are those of the official rolling cache of
+sinks + window keys, but the memory is that of every token.
+
 Encodings with data-dependent terms (``posenc.model.encoding``) keep two more
 things per layer: the features their keys need, one per slot like k and v
 (FoX's cumulative log forget gate), and their decoding state after the last

@@ -31,6 +31,14 @@ branches on the kind):
   logit term from content and positions (Shaw, Transformer-XL, CoPE);
   ``q_offset`` is the index of the first query among the keys; both terms
   are added to ``scale * q.k`` before soft-capping;
+- ``pair_logits(q, k, q_positions, k_positions, *, scale)``: the ``scale *
+  q.k`` term itself, for units whose rotation depends on the (query, key)
+  pair and not on each token alone (RoPE with a training-free remapping,
+  ``model.position.rope.remap``: per region, q and k rotated at that
+  region's positions, merged by its mask) -> ``(logits [B, H, Lq, Lk],
+  visible bool [B | 1, Lq, Lk] or None)``; ``visible`` narrows the mask
+  (keys the unit drops). Only called when the instance's
+  ``has_pair_logits`` is true; its ``qk`` then leaves q and k unrotated;
 - ``values(weights, q_positions, k_positions)``: a term added to ``w @ v``
   (Shaw), linear in ``weights`` so the online softmax may rescale it;
 - ``constrain()``: project parameters back into their domain after an
@@ -125,6 +133,7 @@ ATTACH_POINTS = {
     "query": "queries, keys",
     "key": "queries, keys",
     "qk": "queries, keys",
+    "pair_logits": "queries, keys",
     "bias": "logits",
     "content_logits": "logits",
     "feature_bias": "logits",
@@ -210,6 +219,12 @@ class Encoding(nnx.Module):
         return overrides(type(self), "content_logits")
 
     @property
+    def has_pair_logits(self) -> bool:
+        """Whether attention takes ``scale q.k`` from :meth:`pair_logits` (an instance fact:
+        RoPE has it only with a remapping)."""
+        return overrides(type(self), "pair_logits")
+
+    @property
     def has_values(self) -> bool:
         return overrides(type(self), "values")
 
@@ -274,6 +289,16 @@ class Encoding(nnx.Module):
         return ""
 
     @classmethod
+    def rotates_in_attention(cls, options: dict) -> str:
+        """The option that makes the unit rotate q and k per (query, key) pair inside
+        attention (:meth:`pair_logits`), or "" when it does not.
+
+        The model's QK-norm after the rotation (``model.norm.qk_norm_after_rope``)
+        cannot follow such a rotation: validation refuses the pair, naming this option.
+        """
+        return ""
+
+    @classmethod
     def layer_is_nope(cls, options: dict, *, layer_index: int, num_layers: int) -> bool:
         """Whether layer ``layer_index`` of this kind has no position term at all.
 
@@ -306,13 +331,17 @@ class Encoding(nnx.Module):
     def content_logits(self, q, k, q_positions, k_positions, *, scale, q_offset):
         return None
 
+    def pair_logits(self, q, k, q_positions, k_positions, *, scale):
+        return None
+
     def values(self, weights, q_positions, k_positions):
         return None
 
     def kernel_terms(self, q_positions, k_positions):
         # No logit term at all (RoPE, NoPE): the kernel runs with none. A bias
         # without an override here has no in-kernel form.
-        return () if type(self).has_kernel_form() else None
+        # Pair logits (a remapped RoPE) have no in-kernel form either.
+        return () if type(self).has_kernel_form() and not self.has_pair_logits else None
 
     def constrain(self) -> None:
         """Project parameters into their domain (after each optimizer update)."""

@@ -142,7 +142,8 @@ def _spec(cfg, train_length) -> ModelSpec:
     norm = _norm(cfg.norm)
     _check_own_qk_norm(position, norm)
     if cfg.attention_impl == "pallas":
-        no_kernel = [k for k in position.layer_kinds if not encoding.get(k).has_kernel_form()]
+        no_kernel = [k for k, opts in zip(position.layer_kinds, position.layer_options)
+                     if not encoding.get(k).has_kernel_form() or encoding.get(k).rotates_in_attention(opts)]
         if no_kernel:
             raise ValueError(f"model.attention_impl='pallas' needs encodings with an in-kernel "
                              f"form; {', '.join(dict.fromkeys(no_kernel))} has none (use 'auto')")
@@ -161,9 +162,16 @@ def _spec(cfg, train_length) -> ModelSpec:
 
 
 def _check_own_qk_norm(position, norm) -> None:
-    """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm would do it twice."""
+    """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm would do it twice;
+    a unit that rotates inside attention (a remapped RoPE) leaves no rotated q, k to normalise."""
     if norm.qk_norm == "none":
         return
+    for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+        field = encoding.get(k).rotates_in_attention(opts)
+        if field and norm.qk_norm_after_rope:
+            raise ValueError(f"model.norm.qk_norm_after_rope=True and model.position.{k}.{field}="
+                             f"{opts[field]!r} cannot be combined (layer {i} rotates q and k per "
+                             "(query, key) pair inside attention); set qk_norm_after_rope=False")
     for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
         field = encoding.get(k).own_qk_norm(opts)
         if field:

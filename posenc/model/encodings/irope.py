@@ -31,6 +31,10 @@ class IRoPE(RoPE):
         self.nope = self.layer_is_nope({"nope_every": self.nope_every}, layer_index=self.layer_index,
                                        num_layers=self.num_layers)
 
+    @property
+    def has_pair_logits(self):  # a remapping acts on the RoPE layers only
+        return super().has_pair_logits and not self.nope
+
     def query(self, q, positions, *, seq_len):
         return q if self.nope else super().query(q, positions, seq_len=seq_len)
 

@@ -1,9 +1,54 @@
-"""RoPE with every frequency scaling of posenc.rope.KINDS (PI, NTK, dynamic NTK, YaRN, LongRoPE, Llama 3)."""
+"""RoPE with every frequency scaling of posenc.rope.KINDS (PI, NTK, dynamic NTK, YaRN, LongRoPE,
+Llama 3) and every training-free position remapping of :data:`REMAPS` (Self-Extend, ReRoPE, Dual
+Chunk Attention, STRING, StreamingLLM, LM-Infinite).
 
-from posenc import checks, rope, rope_scaling
+A remapping (``model.position.rope.remap``) changes which positions q and k are rotated at per
+(query, key) pair (``posenc.remap``): the unit leaves q and k unrotated in ``qk`` and gives
+attention ``pair_logits`` instead, which for every tile (dense rows, blocked tiles, the cached
+keys when decoding) computes one logit set per region of the method's ``regions`` (q rotated at
+the region's q positions, k at its k positions, frequencies times the region's scale) and
+merges them by the regions' masks, as the official implementations do; pairs no region holds
+are masked (StreamingLLM's and LM-Infinite's dropped keys). The scaling still sets the
+frequencies (Self-Extend or DCA with NTK / YaRN: frequencies from the scaling, positions from the
+remapping). The KV cache keeps every token's unrotated key and its position, so cached decoding
+gives the full forward's logits; for StreamingLLM that is the official rolling cache's result
+(positions by cache slot: ``posenc.sinks``), with the evicted keys masked instead of freed.
+"""
+
+import typing
+
+import jax.numpy as jnp
+import numpy as np
+
+from posenc import checks, dual_chunk, remap as remap_lib, rerope, rope, rope_scaling, self_extend
+from posenc import sinks as sinks_lib
+from posenc import string_shift
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import (Option, boolean, nonnegative_int, one_of, optional, positive,
                                   positive_floats)
+
+
+class Remap(typing.NamedTuple):
+    """A training-free remapping: its pure ``regions`` function and the options it reads."""
+
+    regions: typing.Callable  # (q_positions, k_positions, **options) -> [posenc.remap.Region]
+    required: tuple[str, ...]  # options it needs set
+    optional: tuple[str, ...] = ()  # options it reads when set (None: the pure default)
+    paper: str = ""
+
+
+# remap -> its pure regions and options (model.position.rope.<option>, the pure keywords)
+REMAPS = {
+    "none": None,
+    "self_extend": Remap(self_extend.regions, ("group", "window"), paper="Jin et al. 2024"),
+    "rerope": Remap(rerope.regions, ("window",), ("leaky",), paper="Su 2023"),
+    "dual_chunk": Remap(dual_chunk.regions, ("chunk", "local_window"), paper="An et al. 2024"),
+    "string": Remap(string_shift.regions, ("shift", "local_window"), paper="An et al. 2025"),
+    "streaming_llm": Remap(sinks_lib.regions, ("sinks", "window"), paper="Xiao et al. 2024"),
+    "lm_infinite": Remap(sinks_lib.lm_infinite_regions, ("global_branch", "local_branch"), ("limit",),
+                         paper="Han et al. 2024"),
+}
+_REMAP_OPTIONS = sorted({n for r in REMAPS.values() if r for n in r.required + r.optional})
 
 # The keywords of posenc.rope.frequencies each scaling takes (seq_len is the current
 # length, passed at run time): the scaling options of this unit are exactly these.
@@ -46,11 +91,57 @@ class RoPE(Encoding):
     temperature = Option("paper", one_of(*rope_scaling.TEMPERATURES),
                          "YaRN attention temperature: paper (HF) | quadratic")
     fraction = Option(1.0, _fraction, "p-RoPE (scaling=proportional): share of the pairs rotated")
+    remap = Option("none", one_of(*REMAPS), "training-free position remapping (REMAPS; posenc.remap)")
+    group = Option(None, optional(nonnegative_int), "self_extend: group size G", type=int)
+    window = Option(None, optional(nonnegative_int), "self_extend: neighbor window W; rerope: w; "
+                    "streaming_llm: recent keys", type=int)
+    leaky = Option(None, optional(positive), "rerope: Leaky ReRoPE's k (None: ReRoPE)", type=float)
+    chunk = Option(None, optional(nonnegative_int), "dual_chunk: chunk size s", type=int)
+    local_window = Option(None, optional(nonnegative_int), "dual_chunk: local window w; string: W",
+                          type=int)
+    shift = Option(None, optional(nonnegative_int), "string: shift S", type=int)
+    sinks = Option(None, optional(nonnegative_int), "streaming_llm: sink tokens", type=int)
+    global_branch = Option(None, optional(nonnegative_int), "lm_infinite: global keys", type=int)
+    local_branch = Option(None, optional(nonnegative_int), "lm_infinite: local branch", type=int)
+    limit = Option(None, optional(nonnegative_int), "lm_infinite: distance cap (None: none)", type=int)
 
     @classmethod
     def unused_options(cls, options):
         used = _KEYWORDS[options["scaling"]]
-        return tuple(k for k in _FREQUENCY_OPTIONS if k not in used)
+        r = REMAPS[options["remap"]]
+        remapped = r.required + r.optional if r else ()
+        return (tuple(k for k in _FREQUENCY_OPTIONS if k not in used)
+                + tuple(k for k in _REMAP_OPTIONS if k not in remapped))
+
+    @classmethod
+    def rotates_in_attention(cls, options):
+        return "remap" if options.get("remap", "none") != "none" else ""
+
+    @classmethod
+    def remap_options(cls, options) -> dict:
+        """The keywords of the remapping's ``regions`` (those set among its optional ones)."""
+        r = REMAPS[options["remap"]]
+        kw = {k: options[k] for k in r.required}
+        kw.update({k: options[k] for k in r.optional if options[k] is not None})
+        return kw
+
+    @classmethod
+    def _check_remap(cls, options, prefix):
+        name = options["remap"]
+        r = REMAPS[name]
+        missing = [k for k in r.required if options[k] is None]
+        if missing:
+            raise ValueError(f"{prefix}.remap={name!r} needs {', '.join(f'{prefix}.{k}' for k in missing)} "
+                             f"(it reads {', '.join(r.required + r.optional)})")
+        if options["scaling"] in rope_scaling.DEPENDS_ON_SEQ_LEN:
+            static = [k for k in rope_scaling.KINDS if k not in rope_scaling.DEPENDS_ON_SEQ_LEN]
+            raise ValueError(f"{prefix}.remap={name!r} needs frequencies that do not depend on the "
+                             f"current length; {prefix}.scaling={options['scaling']!r} does (choose one "
+                             f"of: {', '.join(static)})")
+        try:  # the pure checks, on concrete positions
+            r.regions(np.arange(2), np.arange(2), **cls.remap_options(options))
+        except ValueError as e:
+            raise ValueError(f"{prefix} (remap {name!r}): {e}") from None
 
     @classmethod
     def check(cls, options, *, prefix, head_dim, **_):
@@ -71,6 +162,8 @@ class RoPE(Encoding):
             cls.frequencies_for(options, d, options["original_length"] or 1)
         except ValueError as e:
             raise ValueError(f"{prefix} (scaling {scaling!r}): {e}") from None
+        if options["remap"] != "none":
+            cls._check_remap(options, prefix)
 
     @classmethod
     def frequencies_for(cls, options, rotary_dim, seq_len):
@@ -99,10 +192,37 @@ class RoPE(Encoding):
                           angles=self.angles)
 
     def query(self, q, positions, *, seq_len):
-        return self._rotate(q, positions, seq_len)
+        return q if self.has_pair_logits else self._rotate(q, positions, seq_len)
 
     def key(self, k, positions, *, seq_len):
-        return self._rotate(k, positions, seq_len)
+        return k if self.has_pair_logits else self._rotate(k, positions, seq_len)
+
+    @property
+    def has_pair_logits(self):
+        return self.remap != "none"
+
+    def regions(self, q_positions, k_positions):
+        """The remapping's regions (``posenc.remap.Region``) of these positions."""
+        opts = {k: getattr(self, k) for k in _REMAP_OPTIONS}
+        opts["remap"] = self.remap
+        return REMAPS[self.remap].regions(q_positions, k_positions, **self.remap_options(opts))
+
+    def pair_logits(self, q, k, q_positions, k_positions, *, scale):
+        """``scale q.k`` of the remapping: per region, q and k rotated at its positions (frequencies
+        times its scale), merged by its mask; -> (float32 [B, H, Lq, Lk], visible [B | 1, Lq, Lk])."""
+        inv_freq, factor = self.frequencies(0)  # static frequencies (checked)
+        logits, visible = None, None
+        for r in self.regions(q_positions, k_positions):
+            inv = inv_freq if r.scale == 1.0 else inv_freq * r.scale
+            qr = rope.apply(q, r.q_positions, inv, layout=self.layout, attention_factor=factor,
+                            angles=self.angles)
+            kr = rope.apply(k, r.k_positions, inv, layout=self.layout, attention_factor=factor,
+                            angles=self.angles)
+            s = jnp.einsum("bqhd,bkhd->bhqk", qr, kr, preferred_element_type=jnp.float32) * scale
+            mask = r.mask[..., None, :, :]
+            logits = s if logits is None else jnp.where(mask, s, logits)
+            visible = r.mask if visible is None else visible | r.mask
+        return logits, visible
 
 
 def scaling_defaults() -> dict:
@@ -114,3 +234,12 @@ def scaling_defaults() -> dict:
     defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
     used = {k for ks in rope_scaling.KEYWORDS.values() for k in ks} - {"base", "seq_len"}
     return {name: defaults[name] for name in sorted(used & set(defaults))}
+
+
+def remap_defaults() -> dict:
+    """``{option: default}`` of the remapping and every option a remapping reads: the fields to
+    reset when a model changes its remapping."""
+    from posenc.model import options as options_lib
+
+    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
+    return {name: defaults[name] for name in ["remap", *_REMAP_OPTIONS]}

@@ -25,6 +25,13 @@ class XPos(RoPE):
     gamma = Option(0.4, positive, "zeta_i = (2i + gamma d) / ((1 + gamma) d)")
 
     @classmethod
+    def check(cls, options, *, prefix, **kw):
+        if options["remap"] != "none":
+            raise ValueError(f"{prefix}.remap={options['remap']!r}: xPos's scaled keys have no "
+                             "remapped form; a remapping takes position kind 'rope' (or 'irope')")
+        super().check(options, prefix=prefix, **kw)
+
+    @classmethod
     def longest_sequence(cls, options):
         return 2 * xpos.max_distance(scale_base=options["scale_base"], gamma=options["gamma"])
 
