@@ -23,6 +23,8 @@ Args:
             L = 320 until its validation accuracy (per answer byte) reaches 0.95 (at most 1500
             steps), three seeds; zero-shot at 4 L = 1280 with no scaling, NTK,
             YaRN and the training-free remappings; passkey is the main task
+            (36 min wall on a loaded 2-core CPU, three processes on one
+            workdir; results: docs/results_training_free.md)
     full    (default) L = 256, factors 2, 4 and 8, budgets 0, 50, 200 and 1000,
             two seeds; passkey at 512, 1024 and 2048.
 
