@@ -165,14 +165,16 @@ def plot_answer_attention(answer: dict, length: int, resolved, path: str) -> str
             image = ax.imshow(w, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
             ax.scatter(js, ks, s=14, facecolors="none", edgecolors="white", linewidths=0.7)
             share = np.mean(answer["peak_same_id"][li][h]) if K else float("nan")
-            ax.set_title(f"layer {li}, head {h}: peak on the id {share:.2f}", fontsize=8)
+            ax.set_title(f"layer {li}, head {h}" + (f": peak on the id {share:.2f}" if len(ks) else ""),
+                         fontsize=8)
             ax.set_xlabel("key position", fontsize=8)
             ax.set_ylabel("answer token (query predicting it)", fontsize=8)
             ax.tick_params(labelsize=7)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight (mean over examples)")
     fig.suptitle(f"answer attention at length {length}: {_title(resolved)}\n"
-                 "circles: keys with the predicted token's position id; title: share of examples whose "
-                 "largest weight is on one", fontsize=9)
+                 + ("circles: keys with the predicted token's position id; title: share of examples whose "
+                    "largest weight is on one" if len(ks) else "no key has the predicted token's position id "
+                                                                "(positions 0..L-1)"), fontsize=9)
     figures.save(fig, path)
     return path
