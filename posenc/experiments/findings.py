@@ -403,8 +403,8 @@ def sizes_markdown(rows, include_unfitted: bool = False, targets=None) -> str:
                   "|" + "---|" * (len(sizes) + 1)]
         for label, by in t["cells"].items():
             lines.append(f"| {label} | " + " | ".join(
-                (tables.number(by[n]["stat"], metric="exact_match") if by[n]["stat"] else
-                 f"not fitted ({by[n]['unfitted']})" if by[n]["unfitted"] else "n/a") + _notes(by[n])
+                (tables.number(by[n]["stat"], metric="exact_match") + _notes(by[n]) if by[n]["stat"] else
+                 f"not fitted ({by[n]['unfitted']})" if by[n]["unfitted"] else "n/a")
                 if n in by else "" for n in sizes) + " |")
         lines.append("")
         for n in sizes:
