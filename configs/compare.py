@@ -66,6 +66,18 @@ Args:
     interaction_quick  rope, alibi, nope, t5 (no QK-norm) x pre, post, sandwich,
               3 seeds, copy fit to 0.95 in at most 3000 steps, text at length 32
               for 300 steps.
+    arithmetic_quick  addition trained on operands of up to 8 digits, evaluated at
+              exactly 8, 16 and 24 digits, in two tables: every number reversed
+              (least significant digit first) and most significant first, both
+              zero-padded; arms abacus (+ NoPE), position_coupling, FIRE +
+              randomized positions + index hints (Zhou et al. 2024), rope, nope,
+              fire; 1 layer, d_model 128, 3 seeds trained together, fit to 0.99 in at
+              most 1500 steps; headline decoded exact match; findings.md: the
+              target check at 16 digits (docs/results_arithmetic.md).
+    arithmetic  the same arms at McLeish et al. 2024's sizes (operands of up to 20
+              digits, evaluated at 20-100), sized for an accelerator (8 layers,
+              d_model 512, at most 50000 steps).
+    arithmetic_cho  Cho et al. 2024's sizes: 1-30 digits, evaluated at 30-200.
 
 Grid fields: `grid.tasks`, `grid.positions`, `grid.placements`, `grid.norms`,
 `grid.seeds` (each entry is a value of task.name, model.position.kind,
@@ -92,7 +104,8 @@ from configs import default  # the repository root is on sys.path (python -m exp
 from posenc.config.schema import unknown_argument
 
 ARGS = ("quick", "smoke", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
-        "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick")
+        "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick", "arithmetic",
+        "arithmetic_cho", "arithmetic_quick")
 
 
 def _grid(**kw) -> ml_collections.ConfigDict:
@@ -109,11 +122,12 @@ def chomsky_tasks() -> tuple[str, ...]:
     return tuple(n for n in tasks.TASKS if tasks.spec(n)["suite"] == "chomsky" and tasks.spec(n)["task"] == n)
 
 
-def _sized(name: str, train_size: int, eval_sizes) -> dict:
-    """Fields of a task trained on problem sizes up to ``train_size`` and evaluated at ``eval_sizes``."""
+def _sized(name: str, train_size: int, eval_sizes, **options) -> dict:
+    """Fields of a task trained on problem sizes up to ``train_size`` and evaluated at ``eval_sizes``
+    (tokens from the size law of the task with ``options``)."""
     from posenc import tasks
 
-    task = tasks.make(name)  # length L holds a size-n problem when seq_len(n) <= L + 1
+    task = tasks.make(name, **options)  # length L holds a size-n problem when seq_len(n) <= L + 1
     return {"task.name": name, "task.train_length": task.seq_len(train_size) - 1,
             "eval.lengths": tuple(task.seq_len(n) - 1 for n in eval_sizes)}
 
@@ -325,6 +339,83 @@ def _interaction(c, *, quick: bool) -> None:
     c.findings = "interaction"
 
 
+ARITHMETIC_POSITIONS = ("abacus", "position_coupling", "fire_randomized_hints", "rope", "nope", "fire")
+ARITHMETIC_FORMATS = {"reversed": "reversed", "msd": "msd"}  # grid.tasks entry -> task.options.format
+
+
+def arithmetic_variants(train_size: int, eval_sizes, *, max_position: int) -> dict:
+    """The arms of the arithmetic grids: each encoding with its paper's recipe, nothing else changed.
+
+    * ``abacus`` (McLeish et al. 2024): Abacus embeddings with NoPE in the
+      layers (the unit's default companion, ``model.position.layer_kinds``);
+      training offsets k ~ U{0..max_k}, max_k = ``max_position`` - (the
+      training answer's digits), so rows 1 .. max_position are trained, as
+      coupling's (the paper: 100 for 20-digit training, 100-digit tests);
+    * ``position_coupling`` (Cho et al. 2024): the task's coupled ids
+      (``coupled=True``) into learned tables of ``max_position`` + 1 rows,
+      NoPE in the layers as the paper, a random start id at training in
+      [1, max_position - answer digits];
+    * ``fire_randomized_hints`` (Zhou et al. 2024): FIRE, randomized
+      positions from [0, 2048) (Ruoss et al. 2023) and index hints; the
+      hints double the tokens of every size, so this arm has its own
+      ``task.train_length`` and ``eval.lengths`` for the same problem sizes;
+    * ``rope``, ``nope``, ``fire``: the encodings alone.
+    """
+    hints = _sized("addition", train_size, eval_sizes, index_hints=True)
+    return {
+        "abacus": {"model.position.kind": "abacus", "model.position.abacus.max_k": max_position - (train_size + 1)},
+        "position_coupling": {"model.position.kind": "position_coupling",
+                              "model.position.position_coupling.max_position": max_position,
+                              "task.options.coupled": True, "task.options.max_position": max_position},
+        "fire_randomized_hints": {"model.position.kind": "fire", "model.position.randomized": True,
+                                  "model.position.randomized_max_position": 2048,
+                                  "task.options.index_hints": True,
+                                  "task.train_length": hints["task.train_length"],
+                                  "eval.lengths": hints["eval.lengths"]},
+    }
+
+
+ARITHMETIC_QUICK_SIZES = (8, 16, 24)  # trained on operands of up to 8 digits, then 2x and 3x
+
+
+def _arithmetic(c, train_size: int, eval_sizes, *, max_position: int, quick: bool) -> None:
+    """Addition in the reversed and the most-significant-first format x the arms of
+    :func:`arithmetic_variants`, 3 seeds trained together; fit, then extrapolate; decoded exact match.
+
+    Every size is a problem size: the digits of the longer operand (the
+    other U{1..n}); ``eval.sizes`` exact (every evaluation example at that
+    size, as the papers' per-length accuracy). Format ``reversed``: every
+    number least significant digit first (McLeish et al.'s and Zhou et al.'s
+    format; Cho et al. reverse the answer and zero-pad the operands);
+    ``msd``: every number most significant first.
+    """
+    b = c.base
+    per_task = {entry: dict(_sized("addition", train_size, eval_sizes), **{"task.options.format": fmt,
+                                                                           "task.options.zero_pad": True})
+                for entry, fmt in ARITHMETIC_FORMATS.items()}
+    b.eval.sizes = "exact"
+    if quick:
+        # one layer as Cho et al. (1 layer, 4 heads, d_model 512), narrower: with 2 layers of width 64
+        # coupling reached 0.57 decoded accuracy at 16 digits, with 1 of width 128 (zero-padded) 0.84
+        b.model.update(d_model=128, num_layers=1, num_heads=4)
+        b.train.update(steps=1500, batch_size=64, learning_rate=3e-3, warmup_steps=100, fit_accuracy=0.99,
+                       fit_check_every=250, log_every=250, checkpoint_every=1000, progress=False)
+        b.eval.update(batch_size=64, num_batches=2)
+    else:  # accelerators
+        b.model.update(d_model=512, num_layers=8, num_heads=8)
+        b.train.update(steps=50000, batch_size=256, learning_rate=1e-4, warmup_steps=1000,
+                       fit_accuracy=0.99, fit_check_every=1000, log_every=1000, checkpoint_every=5000,
+                       progress=False)
+        b.eval.update(batch_size=100, num_batches=10)
+    c.variants = default.fields({**per_task, **arithmetic_variants(train_size, eval_sizes,
+                                                                   max_position=max_position)})
+    c.grid = _grid(tasks=tuple(per_task), positions=ARITHMETIC_POSITIONS, seeds=(0, 1, 2), vmap_seeds=True)
+    c.findings = "sizes"
+    # the target at twice the training size: coupling and Abacus generalize, RoPE and NoPE do not
+    c.targets = {"size": 2 * train_size, "at_least": {"position_coupling": 0.9, "abacus": 0.9},
+                 "below": {"rope": 0.2, "nope": 0.2}}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The comparison ``arg`` (one of ARGS)."""
     arg = arg or "quick"
@@ -333,6 +424,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.base = default.get_config()
     c.variants = default.fields({})
     c.findings = ""  # experiments.findings kind written after the report ("" = none)
+    c.targets = {}  # findings "sizes": a target check (posenc.experiments.findings)
     if arg == "quick":
         _quick_copy(c.base)
         # a table of 8x rows (untrained past 16), so that 2x-8x show how it degrades instead of n/a
@@ -409,6 +501,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         _randomized_grid(c, quick=arg == "randomized_quick")
     elif arg in ("interaction", "interaction_quick"):
         _interaction(c, quick=arg == "interaction_quick")
+    elif arg == "arithmetic_quick":
+        _arithmetic(c, 8, ARITHMETIC_QUICK_SIZES, max_position=48, quick=True)
+    elif arg == "arithmetic":  # McLeish et al. 2024: operands of up to 20 digits, tested to 100
+        _arithmetic(c, 20, (20, 40, 60, 80, 100), max_position=128, quick=False)
+    elif arg == "arithmetic_cho":  # Cho et al. 2024: 1-30 digits, tested to 200
+        _arithmetic(c, 30, (30, 50, 100, 150, 200), max_position=256, quick=False)
     else:
         raise unknown_argument("configs/compare.py", arg, ARGS)
     return c

@@ -36,7 +36,8 @@ def main(argv):
 
     f = flags.FLAGS
     rows = experiments.load_rows(f.workdir)
-    for path in findings.write(f.kind, rows, f.workdir, f.include_unfitted):
+    targets = findings.study_targets(f.workdir) if f.kind == "sizes" else None
+    for path in findings.write(f.kind, rows, f.workdir, f.include_unfitted, targets):
         print(path)
     if f.figures:
         if not f.name:

@@ -109,7 +109,8 @@ def test_analyze_a_trained_run_end_to_end(tmp_path):
     loop.run(c, str(tmp_path / "run"))
     written = analyze.analyze(str(tmp_path / "run"), str(tmp_path / "out"), prefix="x_", factor=4,
                               batch_size=4)
-    assert set(written) == {"attention", "bias_curves", "rope_wavelengths", "position_loss", "analysis"}
+    assert set(written) == {"attention", "bias_curves", "rope_wavelengths", "answer_attention", "position_loss",
+                            "analysis"}
     for path in written.values():
         assert os.path.basename(path).startswith("x_") and os.path.getsize(path) > 0
     numbers = json.load(open(written["analysis"]))
@@ -118,6 +119,9 @@ def test_analyze_a_trained_run_end_to_end(tmp_path):
     assert numbers["lengths"] == [16, 64]
     assert [len(e) for e in numbers["attention"]["64"]["entropy"]] == [64, 64]
     assert [c["kind"] for c in numbers["bias_curves"]] == ["t5"]
+    aa = numbers["answer_attention"]  # copy at 64: 31 answer symbols, 2 layers x 2 heads
+    assert len(aa["queries"]) == 31 and np.asarray(aa["weights"]).shape == (2, 2, 31, 64)
+    np.testing.assert_allclose(np.asarray(aa["weights"]).sum(-1), 1.0, atol=1e-5)  # rows of weights
     pl = numbers["position_loss"]
     assert len(pl["loss"]) == 64 and pl["train_answer_tokens"] == 7  # copy at 16: strings of 7
     assert pl["loss"][pl["first_answer_position"] - 1] is None and pl["loss"][pl["first_answer_position"]] is not None
@@ -126,3 +130,45 @@ def test_analyze_a_trained_run_end_to_end(tmp_path):
     fresh = nnx.state(loop.init_state(resolved)[0], nnx.Param)
     trained = nnx.state(model, nnx.Param)
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(trained)))
+
+
+def test_answer_attention_on_keys_with_the_predicted_tokens_id():
+    # BOS a0 a1 + b0 b1 = c0 c1 with coupled ids: digits of equal significance share an id (2, 3)
+    pos = np.array([[0, 2, 3, 1, 2, 3, 1, 2, 3]])
+    mask = np.zeros((1, 9))
+    mask[0, 6:] = 1  # '=' predicts c0 (id 2), c0 predicts c1 (id 3), c1 predicts EOS (past the end)
+    L = 9
+    w = np.zeros((1, 2, L, L))
+    for t in range(L):
+        keys = [j for j in range(t + 1) if t + 1 < L and pos[0, j] == pos[0, t + 1]]
+        if keys:
+            w[0, 0, t, keys] = 1 / len(keys)  # head 0: the keys of the predicted token's id
+        else:
+            w[0, 0, t, :t + 1] = 1 / (t + 1)
+    w[0, 1, :, 0] = 1.0  # head 1: BOS
+    out = analyze.answer_attention([w], mask, pos)
+    assert out["queries"] == [6.0, 7.0, 8.0]
+    np.testing.assert_allclose(out["same_id"][0], [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(out["peak_same_id"][0], [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    # c0's id 2 is on a0 and b0 (keys 1, 4); key 7 has it too, but it is c0 itself, not yet visible
+    np.testing.assert_allclose(out["same_id_keys"][0], [0, 1, 0, 0, 1, 0, 0, 0, 0])
+    np.testing.assert_allclose(out["same_id_keys"][1], [0, 0, 1, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(out["weights"][0][0][0], [0, 0.5, 0, 0, 0.5, 0, 0, 0, 0])
+    # without ids (0..L-1) the predicted token's id is its own position: never a visible key
+    assert np.asarray(analyze.answer_attention([w], mask)["same_id"]).max() == 0.0
+
+
+def test_analysis_examples_carry_the_tasks_coupled_ids():
+    from configs import default
+    from posenc.training import prepare
+
+    c = default.get_config("tiny")
+    c.task.update(name="addition", train_length=28, options={"coupled": True, "format": "reversed"})
+    c.model.position.kind = "position_coupling"
+    c.model.position.position_coupling.max_position = 32
+    r = prepare.resolve(c)
+    inputs, _, mask, positions = analyze.eval_batch(r, 28, 4, 0)
+    want = r.task.batch(jax.random.split(jax.random.fold_in(jax.random.key(0), 28))[0], 4, 28, split="eval")
+    np.testing.assert_array_equal(positions, want["position_ids"])
+    np.testing.assert_array_equal(inputs, want["inputs"])
+    assert positions[0, 1] == 2  # the first written digit (significance 0) of a: s0 + 1 + 0, s0 = 1 at evaluation

@@ -22,6 +22,16 @@ or one of WORKDIR/runs/<run>/ of experiments.compare). Writes into --out
   unscaled and with PI, NTK and YaRN at the same factor (original length
   L), and each pair's factor theta_default / theta_scaled: the pairs each
   scaling changes (1 = unchanged);
+* ``<prefix>answer_attention.png``: for tasks with answers, which key
+  each answer token's query attends to at factor x L: per layer and head,
+  the weights of the query that predicts answer token k (rows) over the
+  key positions (columns), mean over examples (one layout when the
+  examples share it: exact sizes, zero-padded operands); circles mark the
+  keys whose position id equals the predicted token's, the keys a model
+  with coupled ids (position coupling: the operand digits of the same
+  significance) should peak on; ``analysis.json`` holds, per layer, head
+  and answer token, the weight on those keys and whether the largest
+  weight falls on one of them;
 * ``<prefix>position_loss.png``: loss and token accuracy per position at
   factor x L on the evaluation split: for synthetic tasks per answer token
   (index 0 = the first), marking how many answer tokens a training-length
@@ -35,7 +45,8 @@ i is then its weight row. The model never materialises weights itself (blocked a
 keeps running sums only). Encodings with a relative value term (Shaw) add
 more than the weights to the output; their attention figure is skipped.
 Models with randomized positions are analysed with positions drawn as at
-evaluation.
+evaluation; tasks that give their own position ids (position coupling)
+with those ids, as training and evaluation feed them.
 """
 
 from __future__ import annotations
@@ -65,14 +76,14 @@ def load(workdir: str):
 
 
 def eval_batch(resolved, length: int, batch_size: int, seed: int):
-    """``(inputs, targets, mask, positions)`` of evaluation examples at ``length`` (positions None: 0..L-1)."""
+    """``(inputs, targets, mask, positions)`` of evaluation examples at ``length`` (positions None: 0..L-1;
+    the task's ``position_ids`` where it gives them, randomized ones as evaluation draws them)."""
     import jax
 
-    from posenc.training import step
+    from posenc.training import eval_step
 
-    data_key, pos_key = jax.random.split(jax.random.fold_in(jax.random.key(seed), length))
-    batch = resolved.task.batch(data_key, batch_size, length, split="eval")
-    positions = step.positions_for(resolved.config, pos_key, batch_size, length)
+    batch, positions = eval_step.eval_batch(resolved.task, resolved.config,
+                                            jax.random.fold_in(jax.random.key(seed), length), batch_size, length)
     return batch["inputs"], batch["targets"], batch["mask"], positions
 
 
@@ -136,6 +147,51 @@ def attention_profile(weights) -> dict:
         dist = (w * np.maximum(gap, 0)).sum(-1)
         out["entropy"].append(ent.mean((0, 1)).tolist())
         out["distance"].append(dist.mean((0, 1)).tolist())
+    return out
+
+
+def answer_attention(weights, mask, positions=None) -> dict:
+    """Where the query predicting each answer token looks: per layer, head and answer token.
+
+    ``weights``: per layer [B, H, L, L] (:func:`attention_weights`); ``mask`` [B, L]: 1 where the
+    target after input t is an answer token (query t predicts it); ``positions`` [B, L] or [L] or
+    None (0..L-1): the input tokens' position ids. The predicted token at t + 1 has id
+    ``positions[t + 1]``. Returns ``{"queries": [K] mean query position of answer token k,
+    "weights": per layer [H, K, L] (mean over examples), "same_id": per layer [H, K] the weight on
+    keys whose id equals the predicted token's (mean over examples), "peak_same_id": per layer [H,
+    K] the fraction of examples whose largest weight is on such a key, "same_id_keys": [K, L] the
+    fraction of examples where key j has that id}``. Answer token k is the k-th masked target of
+    each example (examples with fewer answer tokens count in the rows they have).
+    """
+    import numpy as np
+
+    mask = np.asarray(mask) > 0
+    B, L = mask.shape
+    pos = np.broadcast_to(np.arange(L) if positions is None else np.asarray(positions), (B, L))
+    K = int(mask.sum(1).max()) if mask.any() else 0
+    # the predicted token's id (the input at t + 1); past the end, no key matches
+    nxt = np.concatenate([pos[:, 1:], np.full((B, 1), -1, pos.dtype)], 1)
+    same = pos[:, None, :] == nxt[:, :, None]  # [B, Lq, Lk]: key j has the id query t predicts
+    same &= np.tril(np.ones((L, L), bool))[None]
+    out = {"queries": [], "weights": [], "same_id": [], "peak_same_id": [], "same_id_keys": []}
+    picks = [np.flatnonzero(mask[b]) for b in range(B)]
+    rows = [[(b, int(ts[k])) for b, ts in enumerate(picks) if k < len(ts)] for k in range(K)]
+    out["queries"] = [float(np.mean([t for _, t in r])) for r in rows]
+    out["same_id_keys"] = [np.mean([same[b, t] for b, t in r], 0).tolist() for r in rows]
+    for w in weights:
+        w = np.asarray(w, np.float64)  # [B, H, L, L]
+        lw, ls, lp = [], [], []
+        for r in rows:
+            bs, ts = np.array([b for b, _ in r]), np.array([t for _, t in r])
+            q = w[bs, :, ts, :]  # [n, H, L]
+            m = same[bs, ts][:, None, :]  # [n, 1, L]
+            lw.append(q.mean(0))
+            ls.append((q * m).sum(-1).mean(0))
+            peak = np.take_along_axis(np.broadcast_to(m, q.shape), q.argmax(-1)[..., None], -1)[..., 0]
+            lp.append(peak.mean(0))
+        out["weights"].append(np.stack(lw, 1).tolist() if rows else [])  # [H, K, L]
+        out["same_id"].append(np.stack(ls, 1).tolist() if rows else [])
+        out["peak_same_id"].append(np.stack(lp, 1).tolist() if rows else [])
     return out
 
 
@@ -239,6 +295,13 @@ def analyze(workdir: str, out: str | None = None, *, prefix: str = "", factor: i
         profiles = {n: attention_profile(attention_weights(model, batches[n][0], batches[n][3])) for n in lengths}
         numbers["attention"] = {str(n): p for n, p in profiles.items()}
         written["attention"] = plots.plot_attention(profiles, resolved, name("attention.png"))
+
+    if long in batches and resolved.config.task.name != "text" and "attention" in written:
+        inputs, _, mask, positions = batches[long]
+        answer = answer_attention(attention_weights(model, inputs, positions), mask, positions)
+        numbers["answer_attention"] = dict(answer, length=long)
+        written["answer_attention"] = plots.plot_answer_attention(answer, long, resolved,
+                                                                  name("answer_attention.png"))
 
     curves = bias_curves(model, sorted({length - 1, long - 1}))
     if curves:

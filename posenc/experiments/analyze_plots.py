@@ -142,3 +142,39 @@ def plot_position_loss(m: dict, length: int, resolved, path: str) -> str:
     fig.tight_layout()
     figures.save(fig, path)
     return path
+
+
+def plot_answer_attention(answer: dict, length: int, resolved, path: str) -> str:
+    """Per layer (rows) and head (columns): the weights of each answer token's query over the keys,
+    circles on the keys with the predicted token's position id (in most examples)."""
+    import numpy as np
+
+    layers = answer["weights"]
+    heads = len(layers[0]) if layers and layers[0] else 1
+    K = len(answer["queries"])
+    plt = figures.pyplot()
+    fig, axes = plt.subplots(len(layers), heads, figsize=(3.6 * heads + 1.0, 0.16 * K + 2.2 * len(layers) + 0.6),
+                             squeeze=False)
+    marks = np.asarray(answer["same_id_keys"]) if K else np.zeros((0, length))
+    ks, js = np.nonzero(marks >= 0.5)
+    image = None
+    for li, per_head in enumerate(layers):
+        for h in range(heads):
+            ax = axes[li][h]
+            w = np.asarray(per_head[h]) if per_head else np.zeros((0, length))
+            image = ax.imshow(w, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.scatter(js, ks, s=14, facecolors="none", edgecolors="white", linewidths=0.7)
+            share = np.mean(answer["peak_same_id"][li][h]) if K else float("nan")
+            ax.set_title(f"layer {li}, head {h}" + (f": peak on the id {share:.2f}" if len(ks) else ""),
+                         fontsize=8)
+            ax.set_xlabel("key position", fontsize=8)
+            ax.set_ylabel("answer token (query predicting it)", fontsize=8)
+            ax.tick_params(labelsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight (mean over examples)")
+    fig.suptitle(f"answer attention at length {length}: {_title(resolved)}\n"
+                 + ("circles: keys with the predicted token's position id; title: share of examples whose "
+                    "largest weight is on one" if len(ks) else "no key has the predicted token's position id "
+                                                                "(positions 0..L-1)"), fontsize=9)
+    figures.save(fig, path)
+    return path

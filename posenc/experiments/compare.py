@@ -9,7 +9,8 @@ step (:mod:`posenc.training.multiseed`; the same files and rows).
 
 Rows: every row of each run (one per evaluation length, variant and sweep
 point; :mod:`posenc.experiments.rows`) with ``variant`` (the positions
-entry) and ``run``. Report: ``table.md`` (per task, mean and 95% t-interval
+entry), ``task_variant`` (the tasks entry) and ``run``. Report: ``table.md`` (per
+task or task variant, mean and 95% t-interval
 over seeds per length), ``aggregate.md`` (OOD accuracy per task x
 encoding), ``plots/`` (:mod:`~posenc.experiments.compare_plots`) and, when
 ``findings`` is set, ``findings.md`` (:mod:`~posenc.experiments.findings`).
@@ -56,13 +57,16 @@ class CompareConfig(Section):
     variants = Free("name -> dotted fields set by a grid entry of that name", dotted=True)
     grid = Sub(Grid)
     findings = Field("", o.one_of(*findings.KINDS), "findings.md written after the report: randomized | "
-                                                    "interaction ('' = none)")
+                                                    "interaction | sizes ('' = none)")
+    targets = Free("findings sizes: a target check, {'size': n, 'at_least': {label: v}, 'below': "
+                   "{label: v}} ({} = none)", check=lambda n, v: findings.check_targets(n, v))
 
 
 class Compare(engine.Study):
     name = "compare"
     schema = CompareConfig
     row_fields = {"variant": "the grid's positions entry (an encoding or a variant name)",
+                  "task_variant": "the grid's tasks entry (a task or a variant name; the report's tables)",
                   "run": "the run's directory name under runs/"}
 
     def points(self, config):
@@ -78,17 +82,19 @@ class Compare(engine.Study):
             name = f"{task}_{position}_{norm}-{placement}_s{seed}"
             run = grid.run_config(config.base, sets, name=name)
             vmap = checks.boolean("grid.vmap_seeds", g.vmap_seeds) and grid.vmappable(run)
-            points.append(engine.Point(name=name, fields={"variant": str(position)}, run=run,
+            points.append(engine.Point(name=name, fields={"variant": str(position), "task_variant": str(task)}, run=run,
                                        group=grid.cell_key(run) if vmap else None))
         return points
 
     def run(self, points, ctx):
-        return [[dict(r, variant=p.fields["variant"], run=p.name) for r in rows]
+        return [[dict(r, variant=p.fields["variant"], task_variant=p.fields["task_variant"], run=p.name)
+                 for r in rows]
                 for p, rows in zip(points, grid.train(points, ctx))]
 
     def report(self, rows, ctx):
         return write_report(rows, ctx.workdir, include_unfitted=bool(ctx.options.get("include_unfitted")),
-                            findings_kind=ctx.config.get("findings", ""), notes=tables.missing_note(ctx))
+                            findings_kind=ctx.config.get("findings", ""), notes=tables.missing_note(ctx),
+                            targets=_plain(ctx.config.get("targets")))
 
 
 def overrides_of(config) -> dict:
@@ -98,8 +104,12 @@ def overrides_of(config) -> dict:
     return {k: overrides.as_dict(v) for k, v in overrides.as_dict(config.variants).items()}
 
 
+def _plain(value):
+    return value.to_dict() if hasattr(value, "to_dict") else dict(value or {})
+
+
 def write_report(rows, workdir: str, *, include_unfitted: bool = False, findings_kind: str = "",
-                 notes=()) -> list[str]:
+                 notes=(), targets=None) -> list[str]:
     """``table.md``, ``aggregate.md`` (if any task has OOD accuracy), ``plots/*.png`` and the findings."""
     paths = [os.path.join(workdir, "table.md")]
     tables.write(paths[0], "\n".join(notes) + compare_report.table_markdown(rows,
@@ -108,4 +118,4 @@ def write_report(rows, workdir: str, *, include_unfitted: bool = False, findings
                                       include_unfitted=include_unfitted):
         paths.append(os.path.join(workdir, "aggregate.md"))
     paths += compare_plots.write_plots(rows, os.path.join(workdir, "plots"), include_unfitted=include_unfitted)
-    return paths + findings.write(findings_kind, rows, workdir, include_unfitted)
+    return paths + findings.write(findings_kind, rows, workdir, include_unfitted, targets)

@@ -48,11 +48,11 @@ def _unit_range(ax, metric: str) -> None:
         ax.set_ylim(-0.03, 1.03)
 
 
-def _length_axes(ax, train_lengths, ylabel: str, title: str) -> None:
+def _length_axes(ax, train_lengths, ylabel: str, title: str, xlabel: str = "evaluation length (tokens)") -> None:
     for n in train_lengths:
         ax.axvline(n, color="gray", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -65,10 +65,13 @@ def _length_plots(rows, directory, include_unfitted) -> list[str]:
     apart = report.summarize(rows, only_unfitted=True)
     plt, paths = figures.pyplot(), []
     for task, table in sorted(summary.items()):
-        train_lengths = sorted({r["train_length"] for r in rows if r["task"] == task})
-        if task == "text":
+        mine = [r for r in rows if report.table_key(r) == task]
+        column, marked = report.columns([r for r in mine if not r.get("sweep")])
+        train_lengths = sorted(marked)
+        xlabel = "problem size" if column == "problem_size" else "evaluation length (tokens)"
+        if report.main_metric(task, rows) == "loss":
             fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-            last = sorted({r["last_L"] for r in rows if r["task"] == task and r.get("last_L")})
+            last = sorted({r["last_L"] for r in mine if r.get("last_L")})
             for ax, metric, where in ((axes[0], "loss", "all tokens"),
                                       (axes[1], "loss_last_L", f"last L = {', '.join(map(str, last))} tokens")):
                 _lines(ax, table, apart.get(task, {}), metric, include_unfitted)
@@ -77,12 +80,13 @@ def _length_plots(rows, directory, include_unfitted) -> list[str]:
             fig.tight_layout()
             paths.append(figures.save(fig, os.path.join(directory, "text_log_perplexity.png")))
             continue
-        decoded = any(r.get("decoded_accuracy") is not None for r in rows if r["task"] == task)
+        decoded = any(r.get("decoded_accuracy") is not None for r in mine)
+        what = "size" if column == "problem_size" else "length"
         for metric in ("decoded_accuracy", "decoded_exact_match") * decoded + ("accuracy", "exact_match", "loss"):
             fig, ax = plt.subplots(figsize=(6.4, 4.2))
             _lines(ax, table, apart.get(task, {}), metric, include_unfitted)
             _length_axes(ax, train_lengths, metric,
-                         f"{task}: {metric} vs length (mean, 95% t-interval; dotted: training length)")
+                         f"{task}: {metric} vs {what} (mean, 95% t-interval; dotted: training {what})", xlabel)
             _unit_range(ax, metric)
             fig.tight_layout()
             paths.append(figures.save(fig, os.path.join(directory, f"{task}_{metric}.png")))

@@ -1,9 +1,13 @@
 """Tables of the compare study: ``table.md`` and ``aggregate.md`` (figures: :mod:`posenc.experiments.compare_plots`).
 
-Rows are grouped per task by label (the run's ``variant`` if it has one,
+Rows are grouped per task (per grid ``tasks`` entry, ``task_variant``, where
+a grid trains one task in several variants, e.g. addition in two formats:
+``## reversed (addition)``) by label (the run's ``variant`` if it has one,
 else the position kind, marked ``+randomized``; ``@<eval variant>`` for the
 rows of an evaluation variant; plus the norm placement / kind when they
-vary in the task), and per eval length aggregated over seeds: the mean
+vary in the task), and per eval length (per problem size where the labels
+of a table reach one size at different lengths: index hints double the
+tokens of a digit) aggregated over seeds: the mean
 and the half-width of its 95% t-interval, ``t_{0.975, n-1} s / sqrt(n)``
 (``s`` the sample standard deviation of the ``n`` seeds; one seed: no
 interval).
@@ -53,13 +57,39 @@ DESCRIBE = {
 }
 
 
+def table_key(row: dict) -> str:
+    """The table a row belongs to: its grid ``tasks`` entry (``task_variant``), else its task."""
+    return row.get("task_variant") or row["task"]
+
+
+def _of_table(task: str, rows) -> list[dict]:
+    return [r for r in rows if task in (r.get("task"), table_key(r))]
+
+
 def main_metric(task: str, rows=()) -> str:
-    """The score a task's tables lead with: log-perplexity for text, else the decoded accuracy
-    (the teacher-forced accuracy for rows written without decoding)."""
-    if task == "text":
+    """The score a task's (or a task variant's) tables lead with: log-perplexity for text, else the
+    decoded accuracy (the teacher-forced accuracy for rows written without decoding)."""
+    mine = _of_table(task, rows)
+    if task == "text" or (mine and all(r.get("task") == "text" for r in mine)):
         return "loss"
-    decoded = any(r.get("decoded_accuracy") is not None for r in rows if r.get("task") == task)
+    decoded = any(r.get("decoded_accuracy") is not None for r in mine)
     return "decoded_accuracy" if decoded else "accuracy"
+
+
+def columns(rs, *, sizes: bool = False) -> tuple[str, set]:
+    """``(field, training values)`` of a table's columns: ``eval_length``, or ``problem_size`` where
+    every row has one exact size and one size is reached at different lengths (the labels' size
+    laws differ, e.g. index hints), or with ``sizes`` wherever every row has one exact size;
+    training values: the columns at a run's training length."""
+    sized = rs and all(r.get("problem_size") is not None and r.get("problem_size_min", r["problem_size"])
+                       == r.get("problem_size_max", r["problem_size"]) for r in rs)
+    lengths = collections.defaultdict(set)
+    for r in rs:
+        if sized:
+            lengths[r["problem_size"]].add(r["eval_length"])
+    field = "problem_size" if sized and (sizes or any(len(v) > 1 for v in lengths.values())) else "eval_length"
+    return field, {r[field] for r in rs if r["eval_length"] == r["train_length"]} if field == "problem_size" \
+        else {r["train_length"] for r in rs}
 
 
 def exact_of(metric: str) -> str:
@@ -81,8 +111,10 @@ def task_level(task: str, rows=()) -> str | None:
 
 
 def _heading(task: str, rows) -> str:
-    level = task_level(task, rows)
-    return f"## {task}" + (f" [{level}: {LEVEL_NAMES.get(level, level)}]" if level else "")
+    real = sorted({r["task"] for r in rows if table_key(r) == task and r["task"] != task})
+    level = task_level(real[0] if real else task, rows)
+    return (f"## {task}" + (f" ({', '.join(real)})" if real else "")
+            + (f" [{level}: {LEVEL_NAMES.get(level, level)}]" if level else ""))
 
 
 def _label(row: dict, vary: set[str]) -> str:
@@ -102,7 +134,7 @@ def _label(row: dict, vary: set[str]) -> str:
 def _by_task(rows) -> dict:
     out = collections.defaultdict(list)
     for r in rows:
-        out[r["task"]].append(r)
+        out[table_key(r)].append(r)
     return out
 
 
@@ -133,10 +165,10 @@ def summarize(rows: list[dict], *, include_unfitted: bool = False, only_unfitted
     opts = dict(include_unfitted=include_unfitted, only_unfitted=only_unfitted)
     out = {}
     for task, rs in _by_task(r for r in rows if not r.get("sweep")).items():
-        vary = _vary(rs)
+        vary, (column, _) = _vary(rs), columns(rs)
         cells = collections.defaultdict(lambda: collections.defaultdict(list))
         for r in rs:
-            cells[_label(r, vary)][r["eval_length"]].append(r)
+            cells[_label(r, vary)][r[column]].append(r)
         out[task] = {label: {n: cell_stats(g, **opts) for n, g in sorted(by.items())}
                      for label, by in cells.items()}
     return out
@@ -191,8 +223,8 @@ def _caption(metric: str, seeds: int, train_lengths, *, fitting: bool, include_u
     return text
 
 
-def _grid(label_cells: dict, lengths, train_lengths, first: str) -> list[str]:
-    header = [first] + [f"{n}{'*' if n in train_lengths else ''}" for n in lengths]
+def _grid(label_cells: dict, lengths, train_lengths, first: str, prefix: str = "") -> list[str]:
+    header = [first] + [f"{prefix}{n}{'*' if n in train_lengths else ''}" for n in lengths]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, cells in label_cells.items():
         lines.append("| " + " | ".join([label] + [cells.get(n, "") for n in lengths]) + " |")
@@ -201,7 +233,9 @@ def _grid(label_cells: dict, lengths, train_lengths, first: str) -> list[str]:
 
 def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_unfitted: bool) -> list[str]:
     lengths = sorted({n for t in table.values() for n in t})
+    column, marked = columns([r for r in rs if not r.get("sweep")])
     train_lengths = {r["train_length"] for r in rs}
+    sized = dict(prefix="n=") if column == "problem_size" else {}
     seeds = len({r["seed"] for r in rs})
     fitting = any(r.get("fitted") is not None for r in rs)
     caption = dict(fitting=fitting, include_unfitted=include_unfitted)
@@ -225,9 +259,10 @@ def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_u
         if m != metric:
             lines += [f"### {task}: teacher-forced, for comparison", ""]
         lines += [_caption(DESCRIBE.get(m, m), seeds, train_lengths, extra=", exact match (EM) in brackets",
-                           **caption), ""]
+                           **caption) + ("; columns: problem sizes n (the labels' token lengths differ), "
+                                         "* = the training size" if sized else ""), ""]
         lines += _grid({label: {n: _cell(s, m, (exact_of(m), "EM", 2)) for n, s in table[label].items()}
-                        for label in sorted(table)}, lengths, train_lengths, "encoding")
+                        for label in sorted(table)}, lengths, marked, "encoding", **sized)
     for option, by_label in sweeps.items():
         sweep_lengths = sorted({n for v in by_label.values() for c in v.values() for n in c})
         lines += [f"### {task}: {metric} vs {option} (evaluation sweep), per evaluation length", ""]
