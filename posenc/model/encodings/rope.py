@@ -20,7 +20,7 @@ import typing
 import jax.numpy as jnp
 import numpy as np
 
-from posenc import checks, dual_chunk, remap as remap_lib, rerope, rope, rope_scaling, self_extend
+from posenc import checks, dual_chunk, rerope, rope, rope_scaling, self_extend
 from posenc import sinks as sinks_lib
 from posenc import string_shift
 from posenc.model.encoding import Encoding, register_encoding
@@ -225,21 +225,22 @@ class RoPE(Encoding):
         return logits, visible
 
 
+def _defaults(names) -> dict:
+    """``{option: default}`` of the RoPE options ``names``."""
+    from posenc.model import options as options_lib
+
+    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
+    return {name: defaults[name] for name in names}
+
+
 def scaling_defaults() -> dict:
     """``{option: default}`` of every option a RoPE scaling reads (factor, original_length, the
     YaRN / Llama 3 / LongRoPE constants; base excluded): the fields to reset when a model
     changes its scaling, so the old scaling's options do not linger."""
-    from posenc.model import options as options_lib
-
-    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
-    used = {k for ks in rope_scaling.KEYWORDS.values() for k in ks} - {"base", "seq_len"}
-    return {name: defaults[name] for name in sorted(used & set(defaults))}
+    return _defaults(n for n in _FREQUENCY_OPTIONS if n != "base")
 
 
 def remap_defaults() -> dict:
     """``{option: default}`` of the remapping and every option a remapping reads: the fields to
     reset when a model changes its remapping."""
-    from posenc.model import options as options_lib
-
-    defaults = {n: o.default for n, o in options_lib.options_of(RoPE).items()}
-    return {name: defaults[name] for name in ["remap", *_REMAP_OPTIONS]}
+    return _defaults(["remap", *_REMAP_OPTIONS])
