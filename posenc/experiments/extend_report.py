@@ -1,7 +1,7 @@
 """Tables and plots of the extend study (rows of :func:`posenc.experiments.extend.study_row`).
 
-Cells are means over seeds (± population std with several seeds); a budget
-whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
+Cells are means over seeds with their 95% t-interval (``tables.number``); a
+budget whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
 passkey and the RULER tasks: retrieval accuracy (exact match: the whole answer right).
 """
 
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from posenc.experiments import figures, tables
+from posenc.experiments import figures, stats, tables
 
 def _metric(task: str) -> tuple[str, str]:
     """(metric, label): text's loss, every retrieval task's exact match."""
@@ -31,13 +31,13 @@ def _cells(rows):
     return out
 
 
-def _fmt(values) -> str:
+def _fmt(values, metric: str | None = None) -> str:
     if not values:
         return ""
     good = [v for v in values if v is not None]
     if not good:
         return "diverged"
-    text = f"{np.mean(good):.3f}" + (f" ± {np.std(good):.3f}" if len(values) > 1 else "")
+    text = tables.number(stats.interval(good), metric=metric, spread=False)
     return text + (f" [{len(values) - len(good)} diverged]" if len(good) < len(values) else "")
 
 
@@ -49,7 +49,7 @@ def table_markdown(rows: list[dict]) -> str:
         mine = [r for r in rows if r["task"] == task]
         metric, label = _metric(task)
         length = mine[0]["train_length"]
-        lines += [f"## {task}: {label}", "", f"Mean over {len(seeds)} seed(s); base trained at L = "
+        lines += [f"## {task}: {label}", "", f"Mean [95% t-interval] over {len(seeds)} seed(s); base trained at L = "
                   f"{length}; fine-tuning tokens in brackets.", ""]
         for factor in sorted({r["factor"] for r in mine}):
             rs = [r for r in mine if r["factor"] == factor]
@@ -63,7 +63,7 @@ def table_markdown(rows: list[dict]) -> str:
             lines += [f"### factor {factor:g} (target {target})", "",
                       "| method | " + " | ".join(c[2] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
             for method in tables.order(rs, "method"):
-                vals = [_fmt(cells.get((task, method, factor, b, n), [])) for b, n, _ in cols]
+                vals = [_fmt(cells.get((task, method, factor, b, n), []), metric) for b, n, _ in cols]
                 lines.append(f"| {method} | " + " | ".join(vals) + " |")
             lines.append("")
     return "\n".join(lines)
@@ -151,8 +151,6 @@ def paired_markdown(rows: list[dict], *, baseline: str = "default") -> str:
     that interval to exclude zero (:func:`posenc.experiments.stats.paired`). With a task's depth
     sweep (passkey), the mean over seeds at each depth follows.
     """
-    from posenc.experiments import stats
-
     zero = [r for r in rows if not r["finetune_steps"] and r["eval_length"] == r["target_length"]]
     lines = []
     for task in tables.order(zero, "task"):

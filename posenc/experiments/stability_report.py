@@ -3,7 +3,10 @@
 LR sensitivity (Wortsman et al. 2023, posenc.diagnostics.lr_sensitivity): over
 the learning-rate grid of one (size, variant, seed), the mean of
 min(final loss, initial loss) minus the best final loss, a diverged run
-counting as the initial loss; then mean ± std over seeds.
+counting as the initial loss; then the mean over seeds with its 95% t-interval
+and min-max (``tables.number``), and each variant's paired difference from the
+baseline over the seeds both have (``stats.paired``): "X is less sensitive than
+the baseline" needs that interval below zero.
 """
 
 from __future__ import annotations
@@ -15,33 +18,38 @@ import numpy as np
 
 from posenc import diagnostics
 from posenc import files
-from posenc.experiments import figures, tables
+from posenc.experiments import figures, stats, tables
 
 
 def _loss(r) -> float:
     return float("nan") if r["loss"] is None else float(r["loss"])
 
 
-def sensitivities(rows) -> dict:
-    """``{(size, variant): [LR sensitivity of each seed]}``."""
+def sensitivities_by_seed(rows) -> dict:
+    """``{(size, variant): {seed: LR sensitivity}}``."""
     groups = collections.defaultdict(list)
     for r in rows:
         groups[(r["size"], r["variant"], r["seed"])].append(r)
-    out = collections.defaultdict(list)
-    for (size, variant, _), rs in groups.items():
-        out[(size, variant)].append(diagnostics.lr_sensitivity([_loss(r) for r in rs], rs[0]["initial_loss"]))
+    out = collections.defaultdict(dict)
+    for (size, variant, seed), rs in groups.items():
+        out[(size, variant)][seed] = diagnostics.lr_sensitivity([_loss(r) for r in rs], rs[0]["initial_loss"])
     return out
 
 
-def _pm(values) -> str:
-    return f"{np.mean(values):.3f}" + (f" ± {np.std(values):.3f}" if len(values) > 1 else "")
+def sensitivities(rows) -> dict:
+    """``{(size, variant): [LR sensitivity of each seed]}``."""
+    return {k: list(v.values()) for k, v in sensitivities_by_seed(rows).items()}
+
+
+def _pm(values, *, spread: bool = True) -> str:
+    return tables.number(stats.interval(values), metric="loss", spread=spread)
 
 
 def _final(rs) -> str:
     good = [r["loss"] for r in rs if r["loss"] is not None]
     if not good:
         return "diverged"
-    text = _pm(good)
+    text = _pm(good, spread=False)
     return text + (f" [{len(rs) - len(good)} diverged]" if len(good) < len(rs) else "")
 
 
@@ -64,19 +72,34 @@ def table_markdown(rows: list[dict]) -> str:
         lines.append(f"| {v} | " + " | ".join(_pm(sens[(s, v)]) if sens.get((s, v)) else ""
                                               for s in sizes) + " |")
     lines.append("")
+    by_seed = sensitivities_by_seed(rows)
+    if any(v != "baseline" for v in variants) and "baseline" in variants and len(seeds) > 1:
+        lines += ["Each variant's sensitivity minus the baseline's, paired by seed: mean [95% "
+                  "t-interval]; * = the interval excludes zero.", "",
+                  "| variant | " + " | ".join(sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+        for v in variants:
+            if v == "baseline":
+                continue
+            cells = []
+            for s in sizes:
+                d = stats.paired(by_seed.get((s, v), {}), by_seed.get((s, "baseline"), {}))
+                cells.append("" if d is None else tables.number(d, spread=False)
+                             + (" *" if stats.excludes_zero(d) else ""))
+            lines.append(f"| {v} | " + " | ".join(cells) + " |")
+        lines.append("")
     for s in sizes:
         mine = [r for r in rows if r["size"] == s]
         init = sorted({round(r["initial_loss"], 3) for r in mine})
         lines += [f"## Final loss per learning rate: {s} ({shape[s]})", "",
-                  f"Initial loss {', '.join(map(str, init))}; max attention logit over training in "
-                  "brackets.", "",
+                  f"Initial loss {', '.join(map(str, init))}; mean [95% t-interval] final loss over "
+                  "seeds, the largest attention logit of training in parentheses.", "",
                   "| variant | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---" * (len(lrs) + 1) + "|"]
         for v in variants:
             cells = []
             for lr in lrs:
                 rs = [r for r in mine if r["variant"] == v and r["learning_rate"] == lr]
                 logit = [r["max_attention_logit_max"] for r in rs if r["max_attention_logit_max"] is not None]
-                cells.append(_final(rs) + (f" [{max(logit):.0f}]" if logit else "") if rs else "")
+                cells.append(_final(rs) + (f" (logit {max(logit):.0f})" if logit else "") if rs else "")
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
