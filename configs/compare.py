@@ -243,7 +243,8 @@ def _lm(c, *, quick: bool) -> None:
     b = c.base
     L = 64 if quick else 256
     b.task.train_length = L
-    # 64 windows per length (fewer where the held-out split has fewer), the same ones for every run
+    # every length scores the same first eval.tokens (2^17) held-out targets, batch_size windows per step
+    # (num_batches applies to synthetic tasks only)
     b.eval.update(lengths=tuple(f * L for f in (1, 2, 4, 8, 16)), batch_size=8, num_batches=8)
     if quick:
         b.model.update(d_model=64, num_layers=2, num_heads=4)

@@ -17,8 +17,8 @@ measures of YaRN (Peng et al. 2023), perplexity and passkey accuracy.
 
 Args:
     smoke   a tiny base, no scaling, LongRoPE and Self-Extend, budgets 0 and 2 (seconds; the engine's tests)
-    quick   L = 128, factors 2 and 4, budgets 0, 30 and 120 steps, one seed
-            (about 10 minutes on 2 CPU cores; passkey at 512).
+    quick   L = 128, factors 2 and 4, budgets 0, 30 and 120 steps, three seeds
+            (about 20 minutes a seed on one CPU core; passkey at 512).
     retrieval  a base that retrieves in distribution: trained on passkey at
             L = 320 until its validation accuracy (per answer byte) reaches 0.95 (at most 1500
             steps), three seeds; zero-shot at 4 L = 1280 with no scaling, NTK,
@@ -109,7 +109,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         b.task.train_length = 128
         b.train.update(steps=1500, batch_size=8, log_every=250, checkpoint_every=1500)
         b.eval.lengths = (128,)
-        c.seeds = (0,)
+        c.seeds = (0, 1, 2)
         c.factors = (2, 4)
         c.finetune_steps = (0, 30, 120)
         c.passkey_min_length = 512
