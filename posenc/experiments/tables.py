@@ -34,7 +34,7 @@ def number(stat, digits: int = 3, *, metric: str | None = None, spread: bool = T
     lo, hi = stat.bounds(*BOUNDS.get(metric, (None, None)))
     text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
     if spread:
-        d = max(digits - 1, 1)
+        d = max(digits - 1, 2)
         text += f" {{{stat.low:.{d}f}-{stat.high:.{d}f}}}"
     return text
 
