@@ -150,3 +150,18 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     kill_during_a_point(study_command("stability", "smoke", workdir), rng, kill=False)
     assert rows_lib.without_volatile(experiments.load_rows(workdir)) == rows_lib.without_volatile(reference)
     assert leftovers(workdir) == []
+
+
+def test_report_pairs_each_variant_with_the_baseline_by_seed():
+    """Sensitivity cells carry the t-interval; the paired table holds qk_norm - baseline per seed."""
+    rows = []
+    for seed in range(3):
+        for variant, first in (("baseline", 3.0 + 0.1 * seed), ("qk_norm", 2.5)):
+            for lr, loss in ((1e-3, first), (1e-2, 2.0)):
+                rows.append(dict(size="d16", d_model=16, num_layers=1, variant=variant, seed=seed,
+                                 learning_rate=lr, loss=loss, initial_loss=5.0, diverged=False,
+                                 max_attention_logit_max=None))
+    text = stability_report.table_markdown(rows)
+    # baseline sensitivities (1 + 0.1 s) / 2 = 0.50, 0.55, 0.60; qk_norm 0.25; paired -0.25 - 0.05 s
+    assert "| baseline | 0.550 [0.426, 0.674] {0.50-0.60} |" in text
+    assert "| qk_norm | -0.300 [-0.424, -0.176] * |" in text
