@@ -110,7 +110,7 @@ def test_analyze_a_trained_run_end_to_end(tmp_path):
     written = analyze.analyze(str(tmp_path / "run"), str(tmp_path / "out"), prefix="x_", factor=4,
                               batch_size=4)
     assert set(written) == {"attention", "bias_curves", "rope_wavelengths", "answer_attention", "position_loss",
-                            "analysis"}
+                            "answer_peaks", "analysis"}
     for path in written.values():
         assert os.path.basename(path).startswith("x_") and os.path.getsize(path) > 0
     numbers = json.load(open(written["analysis"]))
@@ -123,6 +123,11 @@ def test_analyze_a_trained_run_end_to_end(tmp_path):
     assert len(aa["queries"]) == 31 and np.asarray(aa["weights"]).shape == (2, 2, 31, 64)
     np.testing.assert_allclose(np.asarray(aa["weights"]).sum(-1), 1.0, atol=1e-5)  # rows of weights
     pl = numbers["position_loss"]
+    with open(written["answer_peaks"]) as f:
+        peaks = f.read().splitlines()  # a row per answer token, a column per head
+    assert len(peaks) == 4 + 31 and peaks[2].endswith("| L0 H0 | L0 H1 | L1 H0 | L1 H1 |")
+    first = round(aa["queries"][0])
+    assert peaks[4].startswith(f"| 0 | {first} | {pl['accuracy'][first]:.3f} | {aa['peak_offset'][0][0][0]:+d} (")
     assert len(pl["loss"]) == 64 and pl["train_answer_tokens"] == 7  # copy at 16: strings of 7
     assert pl["loss"][pl["first_answer_position"] - 1] is None and pl["loss"][pl["first_answer_position"]] is not None
     # The restored parameters are the trained ones (the analysis is of this run, not a fresh model).
@@ -150,6 +155,10 @@ def test_answer_attention_on_keys_with_the_predicted_tokens_id():
     assert out["queries"] == [6.0, 7.0, 8.0]
     np.testing.assert_allclose(out["same_id"][0], [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     np.testing.assert_allclose(out["peak_same_id"][0], [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    # the peak key's id minus the predicted id: head 0 on it (0), then (no key) BOS, id 0, past the
+    # end's -1; head 1 on BOS: 0 - 2, 0 - 3, 0 - (-1)
+    assert out["peak_offset"][0] == [[0, 0, 1], [-2, -3, 1]]
+    assert out["peak_offset_share"][0] == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     # c0's id 2 is on a0 and b0 (keys 1, 4); key 7 has it too, but it is c0 itself, not yet visible
     np.testing.assert_allclose(out["same_id_keys"][0], [0, 1, 0, 0, 1, 0, 0, 0, 0])
     np.testing.assert_allclose(out["same_id_keys"][1], [0, 0, 1, 0, 0, 1, 0, 0, 0])

@@ -30,8 +30,12 @@ or one of WORKDIR/runs/<run>/ of experiments.compare). Writes into --out
   keys whose position id equals the predicted token's, the keys a model
   with coupled ids (position coupling: the operand digits of the same
   significance) should peak on; ``analysis.json`` holds, per layer, head
-  and answer token, the weight on those keys and whether the largest
-  weight falls on one of them;
+  and answer token, the weight on those keys, whether the largest
+  weight falls on one of them, and how far (in ids) the largest-weight
+  key is from the predicted id;
+* ``<prefix>answer_peaks.md``: the same per answer token as a table: its
+  teacher-forced accuracy and each head's peak offset (0: a key of the
+  predicted id; -9: nine ids below it) with its share of the examples;
 * ``<prefix>position_loss.png``: loss and token accuracy per position at
   factor x L on the evaluation split: for synthetic tasks per answer token
   (index 0 = the first), marking how many answer tokens a training-length
@@ -159,8 +163,11 @@ def answer_attention(weights, mask, positions=None) -> dict:
     ``positions[t + 1]``. Returns ``{"queries": [K] mean query position of answer token k,
     "weights": per layer [H, K, L] (mean over examples), "same_id": per layer [H, K] the weight on
     keys whose id equals the predicted token's (mean over examples), "peak_same_id": per layer [H,
-    K] the fraction of examples whose largest weight is on such a key, "same_id_keys": [K, L] the
-    fraction of examples where key j has that id}``. Answer token k is the k-th masked target of
+    K] the fraction of examples whose largest weight is on such a key, "peak_offset": per layer
+    [H, K] the most common id of the largest-weight key minus the predicted token's id (0: the
+    peak has the predicted id; -9: it is nine ids below), "peak_offset_share": per layer [H, K]
+    the fraction of examples with that offset, "same_id_keys": [K, L] the fraction of examples
+    where key j has that id}``. Answer token k is the k-th masked target of
     each example (examples with fewer answer tokens count in the rows they have).
     """
     import numpy as np
@@ -173,14 +180,15 @@ def answer_attention(weights, mask, positions=None) -> dict:
     nxt = np.concatenate([pos[:, 1:], np.full((B, 1), -1, pos.dtype)], 1)
     same = pos[:, None, :] == nxt[:, :, None]  # [B, Lq, Lk]: key j has the id query t predicts
     same &= np.tril(np.ones((L, L), bool))[None]
-    out = {"queries": [], "weights": [], "same_id": [], "peak_same_id": [], "same_id_keys": []}
+    out = {"queries": [], "weights": [], "same_id": [], "peak_same_id": [], "peak_offset": [],
+           "peak_offset_share": [], "same_id_keys": []}
     picks = [np.flatnonzero(mask[b]) for b in range(B)]
     rows = [[(b, int(ts[k])) for b, ts in enumerate(picks) if k < len(ts)] for k in range(K)]
     out["queries"] = [float(np.mean([t for _, t in r])) for r in rows]
     out["same_id_keys"] = [np.mean([same[b, t] for b, t in r], 0).tolist() for r in rows]
     for w in weights:
         w = np.asarray(w, np.float64)  # [B, H, L, L]
-        lw, ls, lp = [], [], []
+        lw, ls, lp, lo, lf = [], [], [], [], []
         for r in rows:
             bs, ts = np.array([b for b, _ in r]), np.array([t for _, t in r])
             q = w[bs, :, ts, :]  # [n, H, L]
@@ -189,10 +197,44 @@ def answer_attention(weights, mask, positions=None) -> dict:
             ls.append((q * m).sum(-1).mean(0))
             peak = np.take_along_axis(np.broadcast_to(m, q.shape), q.argmax(-1)[..., None], -1)[..., 0]
             lp.append(peak.mean(0))
+            offset = pos[bs][np.arange(len(bs))[:, None], q.argmax(-1)] - nxt[bs, ts][:, None]  # [n, H]
+            mode, share = zip(*(_mode(offset[:, h]) for h in range(offset.shape[1])))
+            lo.append(np.array(mode))
+            lf.append(np.array(share))
         out["weights"].append(np.stack(lw, 1).tolist() if rows else [])  # [H, K, L]
         out["same_id"].append(np.stack(ls, 1).tolist() if rows else [])
         out["peak_same_id"].append(np.stack(lp, 1).tolist() if rows else [])
+        out["peak_offset"].append(np.stack(lo, 1).tolist() if rows else [])
+        out["peak_offset_share"].append(np.stack(lf, 1).tolist() if rows else [])
     return out
+
+
+def answer_peaks_table(answer: dict, position_loss: dict) -> str:
+    """Markdown: per answer token, its teacher-forced accuracy and, per layer and head, the offset of
+    the peak key's id from the predicted token's id (share of examples), from :func:`answer_attention`
+    and :func:`position_metrics` at one length."""
+    heads = [(li, h) for li, layer in enumerate(answer["peak_offset"]) for h in range(len(layer))]
+    head = "| answer token | query position | accuracy | " + " | ".join(f"L{li} H{h}" for li, h in heads) + " |"
+    lines = [(f"Answer tokens at length {answer['length']}: the teacher-forced accuracy of each, and where the "
+              "query predicting it peaks: the id of its largest-weight key minus the predicted token's id "
+              "(0: a key of the predicted id), the most common offset over examples (its share)."), "",
+             head, "|" + "---|" * (3 + len(heads))]
+    for k, q in enumerate(answer["queries"]):
+        t = round(q)
+        acc = position_loss["accuracy"][t] if t < len(position_loss["accuracy"]) else None
+        cells = [f"{answer['peak_offset'][li][h][k]:+d} ({answer['peak_offset_share'][li][h][k]:.2f})"
+                 for li, h in heads]
+        lines.append(f"| {k} | {q:g} | {'n/a' if acc is None else f'{acc:.3f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _mode(values):
+    """(the most common value, its share) of a 1-d int array; ties go to the smallest value."""
+    import numpy as np
+
+    uniq, counts = np.unique(values, return_counts=True)
+    i = int(np.argmax(counts))
+    return int(uniq[i]), float(counts[i] / len(values))
 
 
 # --------------------------------------------------------------- bias curves
@@ -329,6 +371,10 @@ def analyze(workdir: str, out: str | None = None, *, prefix: str = "", factor: i
 
     from posenc import files
 
+    if "answer_attention" in numbers and isinstance(numbers["position_loss"], dict):
+        written["answer_peaks"] = name("answer_peaks.md")
+        files.atomic_write(written["answer_peaks"], answer_peaks_table(numbers["answer_attention"],
+                                                                      numbers["position_loss"]))
     written["analysis"] = name("analysis.json")
     files.atomic_write(written["analysis"], json.dumps(numbers, indent=1))
     return written
