@@ -72,7 +72,7 @@ Args:
               zero-padded; arms abacus (+ NoPE), position_coupling, FIRE +
               randomized positions + index hints (Zhou et al. 2024), rope, nope,
               fire; 1 layer, d_model 128, 3 seeds trained together, fit to 0.99 in at
-              most 1500 steps; headline decoded exact match; findings.md: the
+              most 1250 steps; headline decoded exact match; findings.md: the
               target check at 16 digits (docs/results_arithmetic.md).
     arithmetic  the same arms at McLeish et al. 2024's sizes (operands of up to 20
               digits, evaluated at 20-100), sized for an accelerator (8 layers,
@@ -399,7 +399,7 @@ def _arithmetic(c, train_size: int, eval_sizes, *, max_position: int, quick: boo
         # one layer as Cho et al. (1 layer, 4 heads, d_model 512), narrower: with 2 layers of width 64
         # coupling reached 0.57 decoded accuracy at 16 digits, with 1 of width 128 (zero-padded) 0.84
         b.model.update(d_model=128, num_layers=1, num_heads=4)
-        b.train.update(steps=1500, batch_size=64, learning_rate=3e-3, warmup_steps=100, fit_accuracy=0.99,
+        b.train.update(steps=1250, batch_size=64, learning_rate=3e-3, warmup_steps=100, fit_accuracy=0.99,
                        fit_check_every=250, log_every=250, checkpoint_every=1000, progress=False)
         b.eval.update(batch_size=64, num_batches=2)
     else:  # accelerators
