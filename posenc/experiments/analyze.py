@@ -195,9 +195,10 @@ def answer_attention(weights, mask, positions=None) -> dict:
             m = same[bs, ts][:, None, :]  # [n, 1, L]
             lw.append(q.mean(0))
             ls.append((q * m).sum(-1).mean(0))
-            peak = np.take_along_axis(np.broadcast_to(m, q.shape), q.argmax(-1)[..., None], -1)[..., 0]
+            top = q.argmax(-1)  # [n, H]: each head's largest-weight key
+            peak = np.take_along_axis(np.broadcast_to(m, q.shape), top[..., None], -1)[..., 0]
             lp.append(peak.mean(0))
-            offset = pos[bs][np.arange(len(bs))[:, None], q.argmax(-1)] - nxt[bs, ts][:, None]  # [n, H]
+            offset = np.take_along_axis(pos[bs], top, -1) - nxt[bs, ts][:, None]  # [n, H]
             mode, share = zip(*(_mode(offset[:, h]) for h in range(offset.shape[1])))
             lo.append(np.array(mode))
             lf.append(np.array(share))
