@@ -113,3 +113,43 @@ def test_rows_carry_the_decoded_answers_scores():
     assert rows[1]["problem_size_min"] == rows[0]["problem_size_max"] + 1  # copy: the next size bin
     c.eval.decode = False
     assert "decoded_accuracy" not in evaluate.evaluate(model, prepare.resolve(c))[0]
+
+
+def test_a_depth_sweep_shares_one_program_with_the_rows_of_one_program_per_depth(monkeypatch):
+    """passkey's depth is a traced option: the five depths of its sweep run one compiled program per
+    length, with the batches and sums of a program compiled for each depth (depth a constant)."""
+    c = tiny_config()
+    c.task.name, c.task.train_length = "passkey", 300
+    c.task.options = type(c.task)()
+    c.model.vocab_size = 256
+    c.eval.update(lengths=(300,), batch_size=4, num_batches=2)
+    r = prepare.resolve(c)
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), 300)
+    points = evaluate.sweep_points(r.config, r.task)
+    shared = [eval_step.eval_length_fn(task, config, 300, 4, 2) for _, config, task in points]
+    assert len({id(fn.program) for fn in shared}) == 1
+    uniform = eval_step.eval_length_fn(r.task, r.config, 300, 4, 2)  # depth None: a program of its own
+    assert uniform.program is not shared[0].program
+    monkeypatch.setattr(eval_step, "traced_values", lambda task: {})  # the depth compiled in, as before
+    losses = []
+    for (sweep, config, task), fn in zip(points, shared):
+        together = jax.device_get(fn(graphdef, state, root))
+        constant = eval_step.eval_length_fn(task, config, 300, 4, 2)
+        assert constant.program is not fn.program
+        alone = jax.device_get(constant(graphdef, state, root))
+        for k in ("correct_sum", "mask_sum", "exact_sum", "examples"):
+            assert together[k] == alone[k], (sweep, k)
+        assert together["loss_sum"] == pytest.approx(alone["loss_sum"], rel=1e-5), sweep
+        for i in range(2):  # and the batches themselves
+            key = jax.random.fold_in(root, i)
+            a = eval_step.eval_batch(task, config, key, 4, 300)[0]
+            b = jax.jit(lambda d: eval_step.eval_batch(task.with_traced({"depth": d}), config, key, 4, 300)[0])(
+                jax.numpy.float32(sweep["depth"]))
+            assert all((a[k] == b[k]).all() for k in a), sweep
+        losses.append(float(together["loss_sum"]))
+    assert len(set(losses)) == 5  # the depth reached the batches
+    assert shared[0]._cache_size() == 1  # five depths, one compile
+    with pytest.raises(ValueError, match="not traced"):
+        r.task.with_traced({"seed": 1})

@@ -103,6 +103,13 @@ class Task(Registered):
             _COMPILED[spec] = jax.jit(self._generate, static_argnums=(1, 2, 3, 4, 5))
         self._generate_jit = _COMPILED[spec]
 
+    def with_traced(self, values: dict):
+        """The task with traced ``traced_options`` (registry), generating its batches in the caller's trace
+        (the compiled generator of ``__init__`` holds the options it was made with)."""
+        twin = super().with_traced(values)
+        twin._generate_jit = twin._generate
+        return twin
+
     @property
     def vocab_size(self) -> int:
         """Token ids in use: the specials, then one id per symbol."""

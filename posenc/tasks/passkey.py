@@ -57,6 +57,7 @@ class Passkey(Task):
     description = "byte-level passkey retrieval: a number hidden at a depth in n characters of filler"
     source = "Mohtashami & Jaggi 2023; epfml/landmark-attention llama/run_test.py generate_prompt"
     eval_sweep = {"depth": DEPTHS}
+    traced_options = ("depth",)  # the depth sweep shares one evaluation program per length
     smallest = 0
     symbols = ()
 

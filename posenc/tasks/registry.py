@@ -28,6 +28,7 @@ task with its own ``options()`` and ``metadata()``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping
 
@@ -46,6 +47,9 @@ class Registered:
     level: str | None = None
     suite: str | None = None  # the task suite it belongs to ("chomsky": the 15 tasks of Deletang et al.)
     eval_sweep: dict = {}
+    # float options the batch functions read only in jax arithmetic, so they may be traced scalars:
+    # an evaluation program takes them as arguments, and the sweep points over them share it
+    traced_options: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -64,6 +68,10 @@ class Registered:
             if option not in defaults or not isinstance(values, tuple) or not values:
                 raise TypeError(f"{cls.__name__}.eval_sweep[{option!r}] must be a non-empty tuple "
                                 f"of values of one of its options ({', '.join(defaults) or 'none'})")
+        for option in cls.traced_options:
+            if option not in defaults:
+                raise TypeError(f"{cls.__name__}.traced_options names {option!r}, not one of its options "
+                                f"({', '.join(defaults) or 'none'})")
         for n in own:  # all names are checked before any is registered
             other = _REGISTRY.get(n)
             if other is not None and other.__qualname__ != cls.__qualname__:
@@ -84,6 +92,20 @@ class Registered:
     def with_options(self, **overrides):
         """The same task (name, seed, options) with ``overrides`` replacing some options."""
         return make(self.name, seed=self.seed, **{**self.options(), **overrides})
+
+    def with_traced(self, values: dict):
+        """A copy of the task whose ``traced_options`` in ``values`` are the given (traced) scalars.
+
+        Only the batch functions of the copy may be used: ``__init__``'s checks do not run.
+        """
+        bad = sorted(set(values) - set(self.traced_options))
+        if bad:
+            raise ValueError(f"task {self.name!r}: options {bad} are not traced; traced options: "
+                             f"{', '.join(self.traced_options) or 'none'}")
+        twin = copy.copy(self)
+        for option, value in values.items():
+            setattr(twin, option, value)
+        return twin
 
     def sweep(self) -> list:
         """``[(option, value, task)]`` for every value of every option in ``eval_sweep``."""

@@ -111,6 +111,7 @@ class Niah(Task):
 
     smallest = 1
     symbols = ()
+    traced_options = ("depth",)  # the depth sweep shares one evaluation program per length
 
     def __init__(self, *, haystack: str = "noise", key_type: str = "words", value_type: str = "numbers",
                  keys: int = 1, values: int = 1, queries: int = 1, depth: float | None = None,

@@ -6,6 +6,11 @@ chunk of a length inside one compiled loop (one model, or S models of one
 graph vmapped over their stacked parameters). Both return summed
 statistics, so chunks, batches and calls add up exactly. Programs are cached
 beside the train steps (``step.clear_cache`` forgets both).
+
+A task's ``traced_options`` (e.g. passkey's ``depth``) enter
+:func:`eval_length_fn`'s program as arguments, not constants: the points of an
+evaluation sweep over them (depth 0, 0.25, ..., 1) share one compiled program
+per length, with the batches those of a program compiled for each value.
 """
 
 from __future__ import annotations
@@ -40,9 +45,15 @@ def eval_batch(task, config, key, batch_size: int, length: int, *, min_size=None
     return _batch(task, config, key, int(batch_size), int(length), split="eval", min_size=min_size)
 
 
-def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size=None, windows=None):
+def traced_values(task) -> dict:
+    """``{option: value}`` of ``task``'s ``traced_options`` that are set (not None)."""
+    return {o: getattr(task, o) for o in getattr(task, "traced_options", ()) if getattr(task, o) is not None}
+
+
+def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size=None, windows=None,
+              traced=()):
     pos = config.model.position
-    return (_task_key(config), int(length), int(batch_size), int(rows), bool(per_position),
+    return (_task_key(config, traced), int(length), int(batch_size), int(rows), bool(per_position),
             bool(sequential), bool(pos.randomized), int(pos.randomized_max_position),
             pos.get("randomized_per", "batch"), mesh, min_size, windows)
 
@@ -52,11 +63,12 @@ def _eval_parts(task, config, length, batch_size, rows, per_position, sequential
     """``(batch_of(key, index), rows_of(batch, positions, chunk), sums(model, batch, positions))``."""
     count, stride = windows if windows is not None else (None, None)
 
-    def batch_of(key, index):
+    def batch_of(key, index, values=None):
+        task_ = task if not values else task.with_traced(values)
         if sequential:
-            batch = task.sequential_batch(index, batch_size, length, split="eval", count=count, stride=stride)
+            batch = task_.sequential_batch(index, batch_size, length, split="eval", count=count, stride=stride)
             return batch, positions_for(config, jax.random.split(key)[1], batch_size, length)
-        return _batch(task, config, key, batch_size, length, split="eval", min_size=min_size)
+        return _batch(task_, config, key, batch_size, length, split="eval", min_size=min_size)
 
     def rows_of(batch, positions, chunk):
         if rows < batch_size:
@@ -148,18 +160,43 @@ def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int,
     leading [S] axis (``jax.vmap``-ed), ``rest`` the other state of one of
     them (RNG streams, unused by the deterministic forward); every sum gains
     a leading [S] axis. The batches are drawn once for all S. One device.
+
+    The task's :func:`traced_values` are arguments of the compiled program
+    (bound in the returned function), so tasks that differ only in them share it.
     """
     rows = _check_rows(batch_size, rows, mesh)
     num_batches = int(num_batches)
+    values = {o: jnp.float32(v) for o, v in traced_values(task).items()}  # float options
     cache_key = ("eval_length", int(num_batches), bool(seeds),
-                 *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size, windows))
-    if cache_key in _CACHE:
-        return _CACHE[cache_key]
+                 *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size, windows,
+                            traced=tuple(sorted(values))))
+    if cache_key not in _CACHE:
+        _CACHE[cache_key] = _eval_length_program(task, config, int(length), int(batch_size), num_batches, rows,
+                                                 per_position, sequential, mesh, seeds, min_size, windows)
+    return _Bound(_CACHE[cache_key], values)
+
+
+class _Bound:
+    """A compiled evaluation program with its last argument (the traced option values) bound."""
+
+    def __init__(self, program, values: dict):
+        self.program, self.values = program, values
+
+    def __call__(self, *args):
+        return self.program(*args, self.values)
+
+    def _cache_size(self) -> int:
+        return self.program._cache_size()
+
+
+def _eval_length_program(task, config, length, batch_size, num_batches, rows, per_position, sequential, mesh,
+                         seeds, min_size, windows):
+    """The jitted program of :func:`eval_length_fn`, its last argument the traced option values."""
     batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
                                           per_position, sequential, mesh, min_size, windows)
     chunks = int(batch_size) // rows
 
-    def run(graphdef, state, rest, root):
+    def run(graphdef, state, rest, root, values):
         if seeds:
             def forward(batch, positions):
                 return jax.vmap(lambda p: sums(nnx.merge(graphdef, p, rest), batch, positions))(state)
@@ -168,7 +205,7 @@ def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int,
                 return sums(nnx.merge(graphdef, state), batch, positions)
 
         def one_batch(i, total):
-            batch, positions = batch_of(jax.random.fold_in(root, i), i)
+            batch, positions = batch_of(jax.random.fold_in(root, i), i, values)
 
             def one_chunk(c, total):
                 out = forward(*rows_of(batch, positions, c))
@@ -176,10 +213,8 @@ def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int,
 
             return jax.lax.fori_loop(0, chunks, one_chunk, total)
 
-        shapes = jax.eval_shape(lambda: forward(*rows_of(*batch_of(root, jnp.int32(0)), 0)))
+        shapes = jax.eval_shape(lambda: forward(*rows_of(*batch_of(root, jnp.int32(0), values), 0)))
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
         return jax.lax.fori_loop(0, num_batches, one_batch, zeros)
 
-    fn = jax.jit(run if seeds else lambda graphdef, state, root: run(graphdef, state, None, root))
-    _CACHE[cache_key] = fn
-    return fn
+    return jax.jit(run if seeds else lambda graphdef, state, root, values: run(graphdef, state, None, root, values))

@@ -106,8 +106,13 @@ def _batch(task, config, key, batch_size, length, *, split, min_size=None):
     return batch, positions_for(config, pos_key, batch_size, length)
 
 
-def _task_key(config) -> str:
-    return json.dumps(config.task.to_dict(), sort_keys=True, default=str)
+def _task_key(config, traced=()) -> str:
+    """The task's config as a key; the options in ``traced`` (program arguments) left out."""
+    task = config.task.to_dict()
+    if traced:
+        task["options"] = {k: v for k, v in task.get("options", {}).items() if k not in traced}
+        task["traced"] = sorted(traced)
+    return json.dumps(task, sort_keys=True, default=str)
 
 
 def _min_size(config):
