@@ -386,9 +386,12 @@ class Extend(engine.Study):
         if name.startswith("longrope_"):
             self._search(ctx, point, base)
             return []
-        rows = self._zero_shot(ctx, point, base) if name.startswith("zero_shot_") else self._finetunes(
-            ctx, point, base)
-        step.clear_cache()  # every budget compiled its own step: free them
+        if name.startswith("zero_shot_"):
+            return self._zero_shot(ctx, point, base)
+        rows = self._finetunes(ctx, point, base)
+        # every budget compiled its own train step: free them; the evaluation programs stay, shared by the
+        # seeds' bases and fine-tunes (one graph per method)
+        step.clear_cache(training_only=True)
         return rows
 
     def _fields(self, ctx, point, base) -> dict:

@@ -312,6 +312,14 @@ def seeds_train_chunk_fn(task, config, buffer: int):
     return _CACHE[cache_key]
 
 
-def clear_cache() -> None:
-    """Forget cached jitted steps, train and eval (e.g. between unrelated experiments)."""
-    _CACHE.clear()
+_TRAINING_KINDS = ("train", "stats", "seeds", "seeds_stats", "chunk", "seeds_chunk")
+
+
+def clear_cache(*, training_only: bool = False) -> None:
+    """Forget cached jitted steps, train and eval (e.g. between unrelated experiments).
+
+    ``training_only``: forget the training programs only (each learning-rate schedule
+    compiles its own) and keep the evaluation programs, which models of one graph share.
+    """
+    for key in [k for k in _CACHE if not training_only or k[0] in _TRAINING_KINDS]:
+        del _CACHE[key]
