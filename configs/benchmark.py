@@ -77,6 +77,7 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
         # train steps per timed call, as train.steps_per_call ("auto": the loop's rule)
         steps_per_call=ml_collections.FieldReference("auto", field_type=object),
         one_per_call=False,  # True: also time one step per call (the loop before chunks), interleaved
+        pin_threads=False,  # True: pin XLA:CPU's worker threads to one CPU each (experiments.pinning)
         grids=("quick", "chomsky_quick", "suite_quick", "lm_quick", "randomized_quick",
                "interaction_quick"),  # case quick_grids
         main_workdir="/tmp/posenc_main_job",  # case main: runs, and the cold run's cache, go here

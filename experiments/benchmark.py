@@ -24,6 +24,10 @@ loop ran before (``step_s_one_per_call`` beside ``step_s_chunked_round``);
 (experiments.bench_jobs): the quick grids' per-step times, and the main job's
 wall time with a cold and a warm compilation cache.
 Each row carries ``load_1min`` (os.getloadavg): distrust rows taken under load.
+Training rows also carry ``involuntary_switches_per_step`` (the process's, over the
+timed calls: thousands where XLA:CPU's workers shared a CPU) and ``pinned_threads``
+(``--config.bench.pin_threads=True``: the workers pinned to one CPU each,
+experiments.pinning).
 Training and evaluation rows also carry ``device`` (jax's device kind),
 ``dtype`` (the resolved compute dtype) and, on accelerators,
 ``device_peak_mb``; where the chip's dense bf16 peak is known
@@ -227,6 +231,11 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
     state, metrics = chunks(graphdef, state, 1)
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t
+    pinned = {}
+    if c.bench.pin_threads:  # the worker pool exists now
+        from experiments import pinning
+
+        pinned = pinning.pin_compute_threads()
     k, state = _steps_per_call(c, chunks, graphdef, state)
     single = None
     if c.bench.one_per_call:
@@ -240,6 +249,7 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
         state, metrics = chunks(graphdef, state, int(c.bench.warmup))
         jax.block_until_ready(metrics)
         times, calls = [], max(1, -(-int(c.bench.steps) // k))
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
         t_round = time.perf_counter()
         for _ in range(calls):
             t = time.perf_counter()
@@ -247,6 +257,7 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
             jax.block_until_ready(metrics)
             times.append((time.perf_counter() - t) / k)
         chunked_round = (time.perf_counter() - t_round) / (calls * k)
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches
         if single is not None:
             t_round, pending = time.perf_counter(), []
             for _ in range(calls * k):
@@ -265,6 +276,8 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
         row = dict(case=c.bench.case, position=position, round=r, train_tokens_per_s=round(tok_s, 1),
                    step_s=round(step_s, 5), steps_per_call=k,
                    step_s_spread=[round(min(times), 5), round(max(times), 5)],
+                   involuntary_switches_per_step=round(switches / (calls * k), 1),
+                   pinned_threads=len(pinned),
                    model_flops_per_s=round(tok_s * _flops_per_token(model, c), 1),
                    matmul_peak_flops_per_s=round(peak, 1), compile_s=round(compile_s, 2),
                    peak_rss_mb=round(peak_rss_mb(), 1),

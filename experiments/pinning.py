@@ -1,0 +1,65 @@
+"""Pin XLA:CPU's compute threads to one CPU each (Linux), for timings that do not depend on the scheduler.
+
+XLA:CPU runs a program's ops on a pool of worker threads (named ``tf_XLAEigen``), one per
+CPU. Left to the Linux scheduler, the two workers of a 2-CPU machine sometimes share one
+CPU for a while: every op then waits for the other half of its split, the step takes
+about twice as long with the same CPU time, and the process's involuntary context
+switches jump from tens to thousands per call (docs/performance.md, "posenc's
+run-to-run variation at T"). Pinning each worker to its own CPU removes that mode.
+
+Pin only on a machine you have to yourself: a pinned thread cannot move away from a
+co-tenant. The pool exists once a program has run, so call it after the first call.
+"""
+
+from __future__ import annotations
+
+import os
+
+WORKER_PREFIX = "tf_XLAEigen"
+
+
+def _threads() -> dict[int, str]:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out[int(tid)] = f.read().strip()
+        except OSError:  # the thread ended
+            continue
+    return out
+
+
+def compute_threads(prefix: str = WORKER_PREFIX) -> list[int]:
+    """Thread ids of this process whose name starts with ``prefix`` (XLA:CPU's workers), in id order."""
+    if not os.path.isdir("/proc/self/task"):
+        return []
+    return sorted(tid for tid, name in _threads().items() if name.startswith(prefix))
+
+
+def pin_compute_threads(prefix: str = WORKER_PREFIX) -> dict[int, set[int]]:
+    """Pin every compute thread to one CPU of the process's affinity set, round robin.
+
+    Returns ``{thread id: its affinity before}`` (for :func:`unpin`); empty where the
+    platform has no ``sched_setaffinity`` or no such threads have started yet.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return {}
+    cpus = sorted(os.sched_getaffinity(0))
+    before = {}
+    for i, tid in enumerate(compute_threads(prefix)):
+        try:
+            previous = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {cpus[i % len(cpus)]})
+        except OSError:  # the thread ended
+            continue
+        before[tid] = previous
+    return before
+
+
+def unpin(before: dict[int, set[int]]) -> None:
+    """Give the threads of :func:`pin_compute_threads` their affinity back."""
+    for tid, cpus in before.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            continue
