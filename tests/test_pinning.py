@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import pinning  # noqa: E402
+from experiments import pinning
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"),
                            reason="needs Linux thread affinity")
