@@ -115,7 +115,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.finetune_steps = (0, 30, 120)
         c.passkey_min_length = 512
         c.search.update(population_size=12, parents_size=6, iterations=6)
-    elif arg in ("retrieval", "retrieval_full"):  # a base that retrieves in distribution: trained on passkey until it fits
+    elif arg in ("retrieval", "retrieval_full"):  # a base that retrieves: trained on passkey until it fits
         b.task.name = "passkey"
         b.task.options = ml_collections.ConfigDict()
         b.task.train_length = 320  # passkey needs >= 252 bytes; up to 67 filler bytes here

@@ -4,8 +4,9 @@ XLA:CPU runs a program's ops on a pool of worker threads (named ``tf_XLAEigen``)
 CPU. Left to the Linux scheduler, the two workers of a 2-CPU machine sometimes share one
 CPU for a while: every op then waits for the other half of its split, the step takes
 about twice as long with the same CPU time, and the process's involuntary context
-switches jump from tens to thousands per call (docs/performance.md, "posenc's
-run-to-run variation at T"). Pinning each worker to its own CPU removes that mode.
+switches jump from tens to thousands per call (docs/performance.md, "The slow mode on
+an idle host"). With each worker pinned to its own CPU, the probe of that section saw
+no slow call in 200.
 
 Pin only on a machine you have to yourself: a pinned thread cannot move away from a
 co-tenant. The pool exists once a program has run, so call it after the first call.
