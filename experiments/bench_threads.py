@@ -34,20 +34,6 @@ def _host_ticks() -> list[int]:
         return [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
 
 
-def _threads() -> dict[str, tuple[str, int, int]]:
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:  # the thread ended
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[tid] = (name, int(fields[11]) + int(fields[12]), int(fields[36]))  # utime + stime, last CPU
-    return out
-
-
 def main(argv):
     del argv
     import jax
@@ -67,12 +53,12 @@ def main(argv):
         print(json.dumps({"pinned": {str(t): sorted(os.sched_getaffinity(t)) for t in pinned}}))
     times = []
     for _ in range(int(_CALLS.value)):
-        h0, t0, r0 = _host_ticks(), _threads(), resource.getrusage(resource.RUSAGE_SELF)
+        h0, t0, r0 = _host_ticks(), pinning.thread_stats(), resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
         state, metrics = chunks(graphdef, state, k)
         jax.block_until_ready(metrics)
         ms = (time.perf_counter() - t) / k * 1e3
-        h1, t1, r1 = _host_ticks(), _threads(), resource.getrusage(resource.RUSAGE_SELF)
+        h1, t1, r1 = _host_ticks(), pinning.thread_stats(), resource.getrusage(resource.RUSAGE_SELF)
         busy = sorted(((t1[i][1] - t0[i][1], t1[i][2], t1[i][0]) for i in t1 if i in t0
                        and t1[i][1] > t0[i][1]), reverse=True)
         times.append(ms)

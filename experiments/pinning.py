@@ -19,22 +19,29 @@ import os
 WORKER_PREFIX = "tf_XLAEigen"
 
 
-def _threads() -> dict[int, str]:
+def thread_stats() -> dict[int, tuple[str, int, int]]:
+    """``{thread id: (name, CPU ticks so far (user + system), the CPU it last ran on)}`` of this process.
+
+    From ``/proc/self/task/*/stat``; empty where there is no /proc.
+    """
+    if not os.path.isdir("/proc/self/task"):
+        return {}
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out[int(tid)] = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
         except OSError:  # the thread ended
             continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (name, int(fields[11]) + int(fields[12]), int(fields[36]))
     return out
 
 
 def compute_threads(prefix: str = WORKER_PREFIX) -> list[int]:
     """Thread ids of this process whose name starts with ``prefix`` (XLA:CPU's workers), in id order."""
-    if not os.path.isdir("/proc/self/task"):
-        return []
-    return sorted(tid for tid, name in _threads().items() if name.startswith(prefix))
+    return sorted(tid for tid, (name, _, _) in thread_stats().items() if name.startswith(prefix))
 
 
 def pin_compute_threads(prefix: str = WORKER_PREFIX) -> dict[int, set[int]]:

@@ -37,3 +37,12 @@ def test_workers_are_pinned_round_robin_and_unpinned():
 def test_no_threads_of_another_name():
     assert pinning.compute_threads(prefix="no-such-thread-") == []
     assert pinning.pin_compute_threads(prefix="no-such-thread-") == {}
+
+
+@linux
+def test_thread_stats_name_this_thread_and_its_cpu():
+    import threading
+
+    stats = pinning.thread_stats()
+    name, ticks, cpu = stats[threading.get_native_id()]
+    assert name and ticks >= 0 and cpu in range(os.cpu_count())
