@@ -112,7 +112,7 @@ class TimedRecorder(Recorder):
         return super().steps(t, n)
 
 
-@pytest.mark.parametrize("call_s,step_s,k", [(0.0, 0.01, 20), (0.015, 0.03, 25), (0.25, 1.0, 13),
+@pytest.mark.parametrize("call_s,step_s,k", [(0.0, 0.01, 100), (0.015, 0.03, 34), (0.25, 1.0, 13),
                                              (0.0, 60.0, 1), (1.0, 1e-4, 256)])
 def test_auto_fits_the_cost_of_a_call_and_of_a_step_then_picks_k(monkeypatch, call_s, step_s, k):
     clock = Clock(call_s, step_s)
@@ -123,9 +123,19 @@ def test_auto_fits_the_cost_of_a_call_and_of_a_step_then_picks_k(monkeypatch, ca
     calls = [c for c in rec.calls if c[0] == "steps"]
     probes = 1 + 2 * steploop.AUTO_PROBES  # one that compiles, then 1, 2, 1, 2, ... steps
     assert [n for _, _, n in calls[:probes]] == [1] + [1, 2] * steploop.AUTO_PROBES
-    assert calls[probes][2] == k  # call cost <= 2% of the steps', calls >= 0.2 s and <= 30 s
+    assert calls[probes][2] == k  # call cost <= 2% of the steps', calls >= 1 s and <= 30 s
     assert steploop.fit_call_time([(1, call_s + step_s), (2, call_s + 2 * step_s)]) == \
         pytest.approx((step_s, call_s), abs=1e-12)
+
+
+def test_auto_reads_the_fastest_probe_of_each_length():
+    # What else the host runs only adds time: a slow 1-step probe (case R, 2026-12-03: it made a
+    # least-squares fit find no call cost and pick k = 1) must not hide the cost of a call.
+    call_s, step_s = 0.25, 1.0
+    probes = [(1, 1.25 + 0.3), (2, 2.25), (1, 1.25), (2, 2.25 + 0.05), (1, 1.25 + 0.2), (2, 2.25 + 0.4)]
+    assert steploop.fit_call_time(probes) == pytest.approx((step_s, call_s), abs=1e-12)
+    assert steploop.auto_steps_per_call(*steploop.fit_call_time(probes)) == 13
+    assert steploop.fit_call_time([(3, 0.3), (3, 0.6)]) == pytest.approx((0.1, 0.0))  # one length: per step
 
 
 @pytest.mark.parametrize("value", [0, -2, 1.5, "fast", True, None])

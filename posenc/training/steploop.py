@@ -28,7 +28,8 @@ faulted in page by page) at every call: about 15 ms per call for a case-T
 step of 30 ms, 250 ms for a case-R step of 1 s (docs/performance.md).
 ``"auto"`` measures both. After one call that compiles it runs
 :data:`AUTO_PROBES` calls of 1 step and as many of 2, alternating, fits
-``seconds = call_s + steps * step_s`` and takes the smallest k whose call
+``seconds = call_s + steps * step_s`` through the fastest call of each
+length (:func:`fit_call_time`) and takes the smallest k whose call
 cost is at most :data:`AUTO_CALL_SHARE` (2%) of its steps and whose call
 lasts at least :data:`AUTO_CALL_SECONDS`, within
 :data:`AUTO_MAX_CALL_SECONDS` and :data:`AUTO_MAX` steps
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 
 import jax
@@ -50,7 +50,7 @@ from posenc import checks
 AUTO = "auto"
 AUTO_MAX = 256  # most steps per call "auto" picks (the metrics buffer of its compiled chunk)
 AUTO_CALL_SHARE = 0.02  # "auto": the fixed cost of a call at most this share of its steps' time
-AUTO_CALL_SECONDS = 0.2  # "auto": calls of at least this long
+AUTO_CALL_SECONDS = 1.0  # "auto": calls of at least this long
 AUTO_MAX_CALL_SECONDS = 30.0  # "auto": calls of at most this long (Ctrl-C waits for the call)
 AUTO_PROBES = 3  # "auto": timed probe calls of each length, 1 and 2 steps (after one that compiles)
 
@@ -167,19 +167,23 @@ def probe_steps_per_call(call) -> int:
 
 
 def fit_call_time(probes) -> tuple[float, float]:
-    """``(step_s, call_s)`` of ``seconds = call_s + steps * step_s``, least squares over ``probes``.
+    """``(step_s, call_s)`` of ``seconds = call_s + steps * step_s`` from the probes ``[(steps, seconds)]``.
 
-    Calls of one length only (no spread in ``steps``): the median time per step, no call cost.
+    Each call length's fastest probe stands for it: what else the host runs
+    only ever adds time, so the minima are the estimates least disturbed by it
+    (a least-squares fit over every probe took a slow 1-step call for a cheap
+    call and picked k = 1 at case R). The line through the fastest call of the
+    shortest and of the longest length; ``call_s`` at least 0. Calls of one
+    length only: the fastest time per step, no call cost.
     """
-    n = [p[0] for p in probes]
-    t = [p[1] for p in probes]
-    mean_n, mean_t = statistics.fmean(n), statistics.fmean(t)
-    var = sum((x - mean_n) ** 2 for x in n)
-    if not var:
-        return statistics.median(x / m for m, x in probes), 0.0
-    step = sum((x - mean_n) * (y - mean_t) for x, y in zip(n, t)) / var
-    step = max(step, 1e-9)
-    return step, max(mean_t - step * mean_n, 0.0)
+    fastest = {}
+    for n, t in probes:
+        fastest[n] = min(t, fastest.get(n, t))
+    lo, hi = min(fastest), max(fastest)
+    if lo == hi:
+        return fastest[lo] / lo, 0.0
+    step = max((fastest[hi] - fastest[lo]) / (hi - lo), 1e-9)
+    return step, max(fastest[lo] - step * lo, 0.0)
 
 
 def auto_steps_per_call(step_seconds: float, call_seconds: float = 0.0) -> int:
@@ -187,7 +191,7 @@ def auto_steps_per_call(step_seconds: float, call_seconds: float = 0.0) -> int:
 
     The larger of ``call_s / (AUTO_CALL_SHARE * step_s)`` (the cost of a call
     at most 2% of its steps') and ``AUTO_CALL_SECONDS / step_s`` (calls of
-    at least 0.2 s), at most ``AUTO_MAX_CALL_SECONDS / step_s`` (a call
+    at least 1 s), at most ``AUTO_MAX_CALL_SECONDS / step_s`` (a call
     returns within 30 s) and :data:`AUTO_MAX`, at least 1.
     """
     step = max(step_seconds, 1e-9)
