@@ -90,7 +90,8 @@ def test_seeds_evaluated_together_equal_one_model_at_a_time(arg):
             [(x["eval_variant"], x["eval_length"]) for x in alone]
         for x, y in zip(rows, alone):
             assert sorted(x) == sorted(y)
-            for k in ("loss", "accuracy", "exact_match", "perplexity", "loss_last_L"):
+            for k in ("loss", "accuracy", "exact_match", "perplexity", "loss_last_L", "decoded_accuracy",
+                      "decoded_exact_match"):
                 if y.get(k) is None:
                     assert x.get(k) is None and (k not in y or "not_applicable" in y or k not in x)
                 else:
@@ -100,6 +101,27 @@ def test_seeds_evaluated_together_equal_one_model_at_a_time(arg):
                 assert x.get(k) == y.get(k), k
     losses = [rows[0]["loss"] for rows in together]
     assert len(set(losses)) == 3  # three different models
+
+
+def test_seeds_decoded_together_equal_one_model_at_a_time():
+    from posenc.training import decode
+
+    c = tiny_config()
+    c.eval.update(batch_size=8, num_batches=2, max_tokens_per_step=64)  # 2 row chunks a batch at 32
+    r = prepare.resolve(c)
+    models = seed_models(r.spec)
+    graphdef, params, rest = evaluate.split_params(models)
+    program = decode._jitted(decode._forced_seeds, ("start", "end"))
+    compiled = program._cache_size()
+    for n in (16, 32):
+        plan = evaluate.plan_length(r.task, r.config, n)
+        together = decode.eval_correctness_seeds(graphdef, params, rest, r.task, r.config, n,
+                                                 min_size=plan.min_size)
+        for model, (correct, mask) in zip(models, together):
+            alone, alone_mask = decode.eval_correctness(model, r.task, r.config, n, min_size=plan.min_size)
+            assert (mask == alone_mask).all() and (correct == alone).all()
+        assert mask.sum() > 0 and len({int(c.sum()) for c, _ in together}) > 1  # models that differ
+    assert program._cache_size() == compiled + 2  # one program per length, every chunk and seed in it
 
 
 def test_rows_carry_the_decoded_answers_scores():

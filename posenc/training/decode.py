@@ -3,6 +3,7 @@
     tokens = decode.greedy(model, prompts, answer_length)       # prompts [B, P]: BOS problem SEP
     correct, mask = decode.answer_correctness(model, batch)     # per example, per position [B, L]
     correct, mask = decode.eval_correctness(model, task, config, length)  # the eval set at length
+    [(correct, mask), ...] = decode.eval_correctness_seeds(graphdef, params, rest, task, config, length)
     decode.decoded_metrics(correct, mask)  # {"decoded_accuracy": ..., "decoded_exact_match": ...}
 
 :func:`greedy` prefills the cache with the prompts (one ``Decoder.decode``
@@ -67,7 +68,16 @@ def _greedy(graphdef, state, prompts, positions, *, answer_length):
 
 def _forced(graphdef, state, inputs, mask, positions, *, start, end):
     """Predictions [B, L] for targets ``start - 1 .. end - 1`` (-1 elsewhere), answers fed back."""
-    model = nnx.merge(graphdef, state)
+    return _forced_model(nnx.merge(graphdef, state), inputs, mask, positions, start, end)
+
+
+def _forced_seeds(graphdef, params, rest, inputs, mask, positions, *, start, end):
+    """:func:`_forced` of S models of one graph (``params`` stacked [S]): predictions [S, B, L]."""
+    return jax.vmap(lambda p: _forced_model(nnx.merge(graphdef, p, rest), inputs, mask, positions,
+                                            start, end))(params)
+
+
+def _forced_model(model, inputs, mask, positions, start, end):
     batch, length = inputs.shape
     cache = model.init_cache(batch, end)
     logits, cache = model.decode(inputs[:, :start], cache, _slice(positions, 0, start))
@@ -142,14 +152,8 @@ def answer_correctness(model, batch, *, positions=None, span=None):
     return correct, mask
 
 
-def eval_correctness(model, task, config, length: int, *, root=None, min_size=None):
-    """``(correct, mask)`` [N, L] of greedy decoding over the evaluation set at ``length``.
-
-    The examples (and randomized positions) of :func:`posenc.training.evaluate.evaluate_length`
-    (``root``: its key; ``min_size``: its size bin): ``eval.num_batches`` batches of
-    ``eval.batch_size``, decoded in row chunks of at most ``eval.max_tokens_per_step`` tokens,
-    every chunk over the span of the whole set (one compiled program per length).
-    """
+def _eval_set(task, config, length: int, root, min_size):
+    """``([(rows, positions)], span)``: the evaluation set's row chunks and the span decoded over."""
     batch_size = int(config.eval.batch_size)
     rows = eval_lib.rows_per_step(batch_size, int(length), int(config.eval.get("max_tokens_per_step", 0)))
     if root is None:
@@ -164,12 +168,48 @@ def eval_correctness(model, task, config, length: int, *, root=None, min_size=No
             parts.append((part, pos))
     spans = [s for s in (answer_span(p["mask"]) for p, _ in parts) if s is not None]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    return parts, span
+
+
+def eval_correctness(model, task, config, length: int, *, root=None, min_size=None):
+    """``(correct, mask)`` [N, L] of greedy decoding over the evaluation set at ``length``.
+
+    The examples (and randomized positions) of :func:`posenc.training.evaluate.evaluate_length`
+    (``root``: its key; ``min_size``: its size bin): ``eval.num_batches`` batches of
+    ``eval.batch_size``, decoded in row chunks of at most ``eval.max_tokens_per_step`` tokens,
+    every chunk over the span of the whole set (one compiled program per length).
+    """
+    parts, span = _eval_set(task, config, length, root, min_size)
     corrects, masks = [], []
     for part, pos in parts:
         correct, mask = answer_correctness(model, part, positions=pos, span=span)
         corrects.append(correct)
         masks.append(mask)
     return np.concatenate(corrects), np.concatenate(masks)
+
+
+def eval_correctness_seeds(graphdef, params, rest, task, config, length: int, *, root=None,
+                           min_size=None) -> list[tuple]:
+    """:func:`eval_correctness` of S models of one graph at once: ``[(correct, mask)]``, one per model.
+
+    ``params``: their ``nnx.Param`` states stacked [S]; ``rest``: the other state of one of them.
+    Every chunk is decoded for the S models in one ``jax.vmap``-ed call (the examples drawn once);
+    each model's answers are its own :func:`eval_correctness`'s up to float32 rounding of the
+    batched matmuls (an argmax tie may break the other way).
+    """
+    size = jax.tree.leaves(params)[0].shape[0]
+    parts, span = _eval_set(task, config, length, root, min_size)
+    masks = [np.asarray(part["mask"]) > 0 for part, _ in parts]
+    if span is None:
+        nothing = np.concatenate(masks)
+        return [(np.zeros_like(nothing), nothing) for _ in range(size)]
+    fn, corrects = _jitted(_forced_seeds, ("start", "end")), []
+    for (part, pos), mask in zip(parts, masks):
+        predicted = fn(graphdef, params, rest, jnp.asarray(part["inputs"], jnp.int32),
+                       jnp.asarray(mask, jnp.int32), pos, start=span[0], end=span[1])
+        corrects.append((np.asarray(predicted) == np.asarray(part["targets"])[None]) & mask[None])
+    correct, mask = np.concatenate(corrects, axis=1), np.concatenate(masks)
+    return [(correct[j], mask) for j in range(size)]
 
 
 def decoded_metrics(correct, mask) -> dict:

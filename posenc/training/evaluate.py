@@ -64,6 +64,7 @@ from flax import nnx
 
 from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
+from posenc.training import decode as decode_lib
 from posenc.training import prepare
 from posenc.training import sharding as sharding_lib
 from posenc.training import eval_step as eval_lib
@@ -178,15 +179,25 @@ def _row(totals, config, length: int, plan: Plan) -> dict:
     return row
 
 
+def _decodes(config, plan: Plan) -> bool:
+    return not plan.sequential and config.eval.get("decode", True)
+
+
 def _decoded(model, task, config, length: int, plan: Plan, root) -> dict:
     """``decoded_accuracy`` / ``decoded_exact_match``: the answers generated greedily through the cache."""
-    from posenc.training import decode
-
-    if plan.sequential or not config.eval.get("decode", True):
+    if not _decodes(config, plan):
         return {}
-    correct, mask = decode.eval_correctness(model, task, config, int(length), root=root,
-                                            min_size=plan.min_size)
-    return decode.decoded_metrics(correct, mask)
+    correct, mask = decode_lib.eval_correctness(model, task, config, int(length), root=root,
+                                                min_size=plan.min_size)
+    return decode_lib.decoded_metrics(correct, mask)
+
+
+def _decoded_seeds(graphdef, params, rest, task, config, length: int, plan: Plan, root) -> list | None:
+    """:func:`_decoded`'s ``(correct, mask)`` of S stacked models, decoded together; None: not decoded."""
+    if not _decodes(config, plan):
+        return None
+    return decode_lib.eval_correctness_seeds(graphdef, params, rest, task, config, int(length), root=root,
+                                             min_size=plan.min_size)
 
 
 def _root(config, length: int, stream: str = "eval"):
@@ -235,9 +246,9 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
                           decoded: bool = True) -> list[dict]:
     """:func:`evaluate_length` of S models at once: ``params`` stacked [S] (:func:`split_params`).
 
-    One compiled, ``jax.vmap``-ed call (one device); returns one row per model, each equal to
-    its own :func:`evaluate_length` up to float32 rounding (batched matmuls). Decoding runs
-    model by model.
+    One compiled, ``jax.vmap``-ed call (one device), and the answers decoded for the S models
+    together (``decode.eval_correctness_seeds``); returns one row per model, each equal to
+    its own :func:`evaluate_length` up to float32 rounding (batched matmuls).
     """
     size = jax.tree.leaves(params)[0].shape[0]
     reason = not_applicable(config, spec, length)
@@ -249,12 +260,12 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
                                  min_size=plan.min_size, windows=plan.windows)
     root = _root(config, length, stream)
     totals = jax.device_get(fn(graphdef, params, rest, root))
+    answers = _decoded_seeds(graphdef, params, rest, task, config, length, plan, root) if decoded else None
     out = []
     for j in range(size):
         row = _row(jax.tree.map(lambda x: x[j], totals), config, length, plan)
-        if decoded:
-            model = nnx.merge(graphdef, jax.tree.map(lambda x: x[j], params), rest)
-            row.update(_decoded(model, task, config, length, plan, root))
+        if answers:
+            row.update(decode_lib.decoded_metrics(*answers[j]))
         out.append(row)
     return out
 
