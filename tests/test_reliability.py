@@ -449,16 +449,18 @@ import importlib.util, sys, time
 spec = importlib.util.spec_from_file_location("lock", sys.argv[1])
 lock = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lock)
-lock.acquire(sys.argv[2])
+path = lock.acquire(sys.argv[2])
 print("held", flush=True)
-time.sleep(300)
+time.sleep(float(sys.argv[3]))
+lock.release(path)
 '''
 
 
-def _holder(workdir):
-    """A process holding ``workdir``'s lock (lock.py loaded alone: starts in a fraction of a second)."""
+def _holder(workdir, seconds=300.0):
+    """A process holding ``workdir``'s lock for ``seconds`` (lock.py loaded alone: starts in a fraction
+    of a second)."""
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, os.path.join(ROOT, "posenc", "training", "lock.py"),
-                             str(workdir)], stdout=subprocess.PIPE, text=True)
+                             str(workdir), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -502,6 +504,27 @@ def test_a_second_process_on_a_workdir_in_use_is_refused_then_a_dead_holders_loc
     assert os.path.exists(path)
     lock.release(path)
     assert not os.path.exists(path)  # a clean release leaves nothing behind
+
+
+
+def test_a_study_waits_for_the_lock_a_process_started_beside_it_holds_briefly(tmp_path):
+    # Two processes of one study started together: each checks and writes study.json under the
+    # workdir's lock; the second waits for the first's milliseconds instead of being refused.
+    from posenc.experiments import engine
+
+    work = tmp_path / "study"
+    proc = _holder(work, seconds=1.0)
+    try:
+        with pytest.raises(lock.WorkdirInUse, match="it holds the lock"):
+            lock.acquire(str(work))  # no wait: refused at once
+        study = engine.study("compare")
+        config, points = engine.expand(study, load_compare_quick())
+        engine.claim(study, config, points, str(work))  # waits for the holder's release
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert os.path.exists(work / engine.STUDY_FILE) and not os.path.exists(work / lock.LOCK_NAME)
 
 
 def load_compare_quick():

@@ -45,6 +45,7 @@ from posenc.training import results
 STUDY_FILE = "study.json"
 ROWS_FILE = "point.jsonl"
 POLL_SECONDS = 2.0
+CLAIM_WAIT_SECONDS = 5.0  # claim(): how long a process waits for the workdir lock another one holds
 
 STUDIES: dict[str, "Study"] = {}
 
@@ -184,7 +185,9 @@ def claim(study_: Study, config, points, workdir: str) -> None:
     os.makedirs(workdir, exist_ok=True)
     ident = _identity(study_, config, points)
     path = os.path.join(workdir, STUDY_FILE)
-    with lock_lib.hold(workdir):  # check-and-write by one process at a time
+    # check-and-write by one process at a time; processes started together wait for each other's
+    # (milliseconds), a run that holds the workdir is refused after CLAIM_WAIT_SECONDS
+    with lock_lib.hold(workdir, wait=CLAIM_WAIT_SECONDS):
         old = files.read_json(path)
         if old is not None and (old.get("study"), old.get("points_hash")) != (ident["study"],
                                                                              ident["points_hash"]):

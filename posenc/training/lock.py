@@ -187,18 +187,28 @@ def _lock_path(workdir: str) -> str:
     return os.path.join(workdir, LOCK_NAME)
 
 
-def acquire(workdir: str) -> str:
+def acquire(workdir: str, *, wait: float = 0.0) -> str:
     """Take ``workdir``'s lock (creating ``workdir``); :class:`WorkdirInUse` if a live process has it.
 
-    Returns the lock path; pair with :func:`release`. Reentrant in one process.
+    ``wait``: seconds to keep trying first, for locks that other processes
+    hold only briefly (a study's processes starting together each check and
+    write its ``study.json`` under the lock). Returns the lock path; pair with
+    :func:`release`. Reentrant in one process.
     """
     path = _lock_path(workdir)
-    with _GUARD:
-        if path in _HELD:
-            _HELD[path][1] += 1
-        else:
-            _HELD[path] = [_acquire(path), 1]
-    return path
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with _GUARD:
+                if path in _HELD:
+                    _HELD[path][1] += 1
+                else:
+                    _HELD[path] = [_acquire(path), 1]
+            return path
+        except WorkdirInUse:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def ensure_held(workdir: str) -> str:
@@ -242,12 +252,13 @@ def release(path: str) -> None:
 
 
 @contextlib.contextmanager
-def hold(workdir: str, *, enabled: bool = True):
-    """Hold ``workdir``'s lock for the block (:func:`acquire` / :func:`release`); a no-op if not ``enabled``."""
+def hold(workdir: str, *, enabled: bool = True, wait: float = 0.0):
+    """Hold ``workdir``'s lock for the block (:func:`acquire`, ``wait`` as there; :func:`release`);
+    a no-op if not ``enabled``."""
     if not enabled:
         yield None
         return
-    path = acquire(workdir)
+    path = acquire(workdir, wait=wait)
     try:
         yield path
     finally:
