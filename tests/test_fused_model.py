@@ -37,9 +37,10 @@ def accelerator(test):
 
 
 @pytest.fixture
-def interpreted(monkeypatch):
+def interpreted():
     """Kernels in the Pallas interpreter whatever the machine (exact float32 comparisons)."""
-    monkeypatch.setattr(fused, "platform", lambda: "cpu")
+    with fused.force_backend("cpu"):
+        yield
 
 
 def _cfg(impl, kinds=KINDS, **model):
@@ -173,7 +174,7 @@ def test_window_and_chunk_spans_through_the_kernel_equal_the_dense_path(interpre
 
 # ---------------------------------------------------------------- dispatch
 
-def test_auto_takes_the_kernel_on_accelerators_only(monkeypatch):
+def test_auto_takes_the_kernel_on_accelerators_only():
     """Traced (nothing compiles): pallas_call appears in the program of "auto" when the platform
     is a GPU, not on CPU, not when statistics are asked for, not for units without kernel form."""
     tokens = helpers.tokens(B, L)
@@ -183,14 +184,19 @@ def test_auto_takes_the_kernel_on_accelerators_only(monkeypatch):
         loss, params = _loss_fn(model, tokens, return_stats=return_stats)
         return _names(jax.grad(loss, has_aux=True), params)
 
-    monkeypatch.setattr(fused, "platform", lambda: "cpu")
-    assert "pallas_call" not in program("alibi")
-    monkeypatch.setattr(fused, "platform", lambda: "gpu")
-    for kind in ("alibi", "t5", "rope"):
-        assert "pallas_call" in program(kind), kind
-    assert "pallas_call" not in program("alibi", return_stats=True)
-    for kind in ("shaw", "cope", "test_scaled_alibi"):  # content terms; a bias with no kernel form
-        assert "pallas_call" not in program(kind), kind
+    with fused.force_backend("cpu"):
+        assert "pallas_call" not in program("alibi")
+    with fused.force_backend("gpu"):
+        for kind in ("alibi", "t5", "rope"):
+            assert "pallas_call" in program(kind), kind
+        assert "pallas_call" not in program("alibi", return_stats=True)
+        for kind in ("shaw", "cope", "test_scaled_alibi"):  # content terms; a bias with no kernel form
+            assert "pallas_call" not in program(kind), kind
+    with pytest.raises(ValueError, match="unknown backend 'cuda'; choose one of: cpu, gpu, tpu"):
+        with fused.force_backend("cuda"):
+            pass
+    host = jax.default_backend()  # every context left: the host's own platform again
+    assert fused.platform() == {"cuda": "gpu", "rocm": "gpu"}.get(host, host)
 
 
 def test_pallas_falls_back_for_statistics_and_rejects_units_without_kernel_form(interpreted):
@@ -215,13 +221,13 @@ def test_pallas_falls_back_for_statistics_and_rejects_units_without_kernel_form(
         attention.attention(q, q, q, pos, pos, unit, attention.AttentionCall(scale=0.3, impl="pallas"))
 
 
-def test_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu(monkeypatch):
+def test_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
     cfg = _cfg("auto", ("rope", "rope"), dtype="auto")
-    monkeypatch.setattr(fused, "platform", lambda: "cpu")
-    assert ModelSpec.from_config(cfg, train_length=16).dtype == "float32"
+    with fused.force_backend("cpu"):
+        assert ModelSpec.from_config(cfg, train_length=16).dtype == "float32"
     for platform in ("gpu", "tpu"):
-        monkeypatch.setattr(fused, "platform", lambda: platform)
-        assert ModelSpec.from_config(cfg, train_length=16).dtype == "bfloat16"
+        with fused.force_backend(platform):
+            assert ModelSpec.from_config(cfg, train_length=16).dtype == "bfloat16"
     with pytest.raises(ValueError, match="unknown model.dtype 'float16'; choose one of: auto, "
                                          "bfloat16, float32"):
         ModelSpec.from_config(_cfg("auto", ("rope", "rope"), dtype="float16"))

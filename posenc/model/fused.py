@@ -19,17 +19,43 @@ Shapes: q [B, Lq, H, Dh]; k, v [B, Lk, K, Dh]; positions int [B | 1, L].
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 
-from posenc import kernels
+from posenc import checks, kernels
 
 ACCELERATORS = ("gpu", "tpu")
+_forced: list[str] = []  # the innermost force_backend's platform, if any
 
 
 def platform() -> str:
-    """The default device's platform, "gpu" for CUDA and ROCm ("gpu" | "tpu" | "cpu" | ...)."""
+    """The platform the kernel is built for: :func:`force_backend`'s, else the default device's
+    ("gpu" for CUDA and ROCm; "gpu" | "tpu" | "cpu" | ...)."""
+    if _forced:
+        return _forced[-1]
     p = jax.default_backend()
     return {"cuda": "gpu", "rocm": "gpu"}.get(p, p)
+
+
+@contextlib.contextmanager
+def force_backend(backend: str):
+    """Build the model's attention for ``backend`` ("gpu" | "tpu" | "cpu") whatever device this host has.
+
+    "cpu" runs the kernel in the Pallas interpreter (exact, slow: for tests on any machine);
+    "gpu" and "tpu" are what the model would trace on such a device. Inside those, ``attention_impl="auto"`` takes the compiled kernel (Triton on "gpu", Mosaic on
+    "tpu", never the interpreter), ``dtype="auto"`` resolves to bfloat16 and
+    ``supported()`` applies that backend's limits: what the model would trace on such a
+    device. For lowering and compiling for an accelerator from a CPU host (``jax.export``
+    with ``platforms=["cuda"]`` / ``["tpu"]``, or a TPU topology of ``libtpu``); a program
+    traced inside cannot run on the CPU. Trace inside the context with functions jitted
+    inside it: ``jax.jit`` caches traces by argument shapes, not by this setting.
+    """
+    _forced.append(checks.choice("backend", backend, ACCELERATORS + ("cpu",)))
+    try:
+        yield
+    finally:
+        _forced.pop()
 
 
 def on_accelerator() -> bool:
