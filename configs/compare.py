@@ -78,6 +78,13 @@ Args:
               digits, evaluated at 20-100), sized for an accelerator (8 layers,
               d_model 512, at most 50000 steps).
     arithmetic_cho  Cho et al. 2024's sizes: 1-30 digits, evaluated at 30-200.
+    arithmetic_cho_small  Cho et al. 2024's small run as their code trains it
+              (operands of 1-5 digits, tested at 5, 10 and 15; 1 layer, 4 heads,
+              d_model 512, GeGLU d_ff 2048, RMSNorm before and after each block,
+              AdamW lr 1e-4 no weight decay, batch 1000, 50,000 steps): position
+              coupling against NoPE and RoPE, 2 seeds trained together; an
+              accelerator's run (benchmarks/accelerator_check.py runs it with
+              fewer steps when its budget is short).
 
 Grid fields: `grid.tasks`, `grid.positions`, `grid.placements`, `grid.norms`,
 `grid.seeds` (each entry is a value of task.name, model.position.kind,
@@ -105,7 +112,7 @@ from posenc.config.schema import unknown_argument
 
 ARGS = ("quick", "smoke", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
         "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick", "arithmetic",
-        "arithmetic_cho", "arithmetic_quick")
+        "arithmetic_cho", "arithmetic_cho_small", "arithmetic_quick")
 
 
 def _grid(**kw) -> ml_collections.ConfigDict:
@@ -417,6 +424,40 @@ def _arithmetic(c, train_size: int, eval_sizes, *, max_position: int, quick: boo
                  "below": {"rope": 0.2, "nope": 0.2}}
 
 
+CHO_SMALL = dict(train_size=5, eval_sizes=(5, 10, 15), max_position=17)  # run_coupling.sh's small run
+
+
+def _arithmetic_cho_small(c) -> None:
+    """Cho et al. 2024's small addition run, as HanseulJo/position-coupling trains it.
+
+    scripts/addition/run_coupling.sh (n_train=5, n_test=10, maxpos=17, 1 layer,
+    4 heads, d_kv 128, d_ff 2048, gated-gelu, rmsnorm at pre_post, lr 1e-4,
+    wd 0, batch 1000, 50,000 steps) and configs/training/default.yaml (AdamW
+    betas 0.9, 0.999, eps 1e-8, clipping at 1.0, cosine with 1% warmup to 0.1
+    of the peak). Their format: the answer reversed, both operands zero-padded
+    (task.options.format reversed_output, zero_pad). Their val_long is 10-digit
+    operands; 15 digits is added (max_position 17 holds a 16-digit answer).
+    They train a fixed step count, no fit rule; exact match decoded.
+    """
+    b = c.base
+    n, sizes, max_position = CHO_SMALL["train_size"], CHO_SMALL["eval_sizes"], CHO_SMALL["max_position"]
+    task = {**_sized("addition", n, sizes, format="reversed_output", zero_pad=True),
+            "task.options.format": "reversed_output", "task.options.zero_pad": True}
+    b.eval.sizes = "exact"
+    b.model.update(d_model=512, num_layers=1, num_heads=4, mlp="geglu", mlp_ratio=4.0)
+    b.model.norm.update(kind="rms", placement="sandwich")  # pre_post: a norm before and after each sublayer
+    b.train.update(steps=50000, batch_size=1000, learning_rate=1e-4, warmup_steps=500, min_lr_ratio=0.1,
+                   weight_decay=0.0, clip_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, fit_accuracy=0.0,
+                   log_every=1000, checkpoint_every=5000, progress=False)
+    b.eval.update(batch_size=500, num_batches=2)
+    coupling = arithmetic_variants(n, sizes, max_position=max_position)["position_coupling"]
+    c.variants = default.fields({"addition_cho": task, "position_coupling": coupling})
+    c.grid = _grid(tasks=("addition_cho",), positions=("position_coupling", "nope", "rope"),
+                   placements=("sandwich",), seeds=(0, 1), vmap_seeds=True)
+    c.findings = "sizes"
+    c.targets = {"size": 2 * n, "at_least": {"position_coupling": 0.9}, "below": {"rope": 0.2, "nope": 0.2}}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The comparison ``arg`` (one of ARGS)."""
     arg = arg or "quick"
@@ -508,6 +549,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         _arithmetic(c, 20, (20, 40, 60, 80, 100), max_position=128, quick=False)
     elif arg == "arithmetic_cho":  # Cho et al. 2024: 1-30 digits, tested to 200
         _arithmetic(c, 30, (30, 50, 100, 150, 200), max_position=256, quick=False)
+    elif arg == "arithmetic_cho_small":
+        _arithmetic_cho_small(c)
     else:
         raise unknown_argument("configs/compare.py", arg, ARGS)
     return c

@@ -82,6 +82,28 @@ def test_arithmetic_full_grids_validate_with_the_papers_sizes(arg, train, larges
     assert coupled.model.position.position_coupling.max_position >= largest + 2
 
 
+def test_cho_small_is_their_run_coupling_script():
+    """configs/compare.py:arithmetic_cho_small against HanseulJo/position-coupling
+    scripts/addition/run_coupling.sh (small run) and configs/training/default.yaml."""
+    _, points = _points("arithmetic_cho_small")
+    assert sorted({p.fields["variant"] for p in points}) == ["nope", "position_coupling", "rope"]
+    for p in points:
+        r, c = p.run, p.run.config
+        assert r.task.max_size(c.task.train_length) == 5  # n_train=5
+        assert sorted(r.task.max_size(n) for n in c.eval.lengths) == [5, 10, 15]  # n_test=10, and 15
+        assert (c.task.options.format, c.task.options.zero_pad) == ("reversed_output", True)
+        assert (r.spec.num_layers, r.spec.num_heads, r.spec.d_model, r.spec.head_dim) == (1, 4, 512, 128)
+        assert (r.spec.mlp, r.spec.mlp_hidden) == ("geglu", 2048)  # gated-gelu, d_ff 2048
+        assert (c.model.norm.kind, c.model.norm.placement) == ("rms", "sandwich")  # rmsnorm, pre_post
+        t = c.train
+        assert (t.learning_rate, t.weight_decay, t.batch_size, t.steps) == (1e-4, 0.0, 1000, 50000)
+        assert (t.b1, t.b2, t.eps, t.clip_norm, t.min_lr_ratio) == (0.9, 0.999, 1e-8, 1.0, 0.1)
+        assert t.warmup_steps == 0.01 * t.steps and t.fit_accuracy == 0.0
+    coupled = next(p for p in points if p.fields["variant"] == "position_coupling").run.config
+    assert coupled.model.position.position_coupling.max_position == 17  # maxpos=17
+    assert coupled.task.options.coupled
+
+
 def test_targets_are_checked():
     c = compare.get_config("arithmetic_quick")
     c.targets = {"size": 16, "abov": {}}
