@@ -77,15 +77,20 @@ def config(schema):
 def main(fn) -> None:
     """``app.run(fn)`` for an entry point: plugins load before the config file is parsed
     (so their encodings have config sections and names), and a bad config value or
-    field prints one line naming it and exits 2 instead of a traceback."""
+    field, a workdir that holds another kind of thing or config, or one another process
+    holds, prints one line naming it and exits 2 instead of a traceback."""
     import logging
 
     from posenc.config import cli
     from posenc.config.schema import ConfigError
+    from posenc.training import lock
 
+    refusals = (ConfigError, lock.WorkdirHoldsOther, lock.WorkdirInUse)
     for name in ("orbax", "absl.orbax", "jax._src"):  # library chatter below WARNING (backend probes)
         logging.getLogger(name).setLevel(logging.WARNING)
     load_plugins(plugin_names(sys.argv))
+    for flag in flags.FLAGS.get_flags_for_module(__name__):  # --config, --workdir, --plugins, ... in --help
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     try:
         found, argv = cli.split_overrides(sys.argv)
     except ConfigError as e:
@@ -95,7 +100,7 @@ def main(fn) -> None:
     def guarded(argv):
         try:
             return fn(argv)
-        except ConfigError as e:
+        except refusals as e:  # a bad config, a workdir that holds something else or is in use
             _fail(e)
 
     app.run(guarded, argv=argv, flags_parser=_parse_flags)

@@ -81,7 +81,7 @@ def test_workdir_with_another_config_is_refused(tmp_path):
     events = os.listdir(tmp_path / "tensorboard")
     assert any(e.startswith("events.out.tfevents") for e in events)
     c.train.learning_rate = 0.5
-    with pytest.raises(ValueError, match="holds a run with a different config"):
+    with pytest.raises(ValueError, match="holds a run of another config"):
         loop.run(c, str(tmp_path))
 
 

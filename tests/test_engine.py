@@ -12,6 +12,7 @@ from helpers import ROOT, study_command
 from configs import compare as compare_config
 from posenc import experiments, files
 from posenc.config.schema import ConfigError
+from posenc.training import lock
 from posenc.experiments import engine
 from posenc.experiments import rows as rows_lib
 
@@ -57,7 +58,7 @@ def test_a_partial_grid_reports_what_is_missing(smoke, tmp_path):
 def test_a_workdir_of_another_study_config_is_refused(smoke):
     c = compare_config.get_config("smoke")
     c.grid.positions = ("rope", "t5")
-    with pytest.raises(ConfigError, match=r"holds the compare study of another config"):
+    with pytest.raises(lock.WorkdirHoldsOther, match=r"holds the compare study of another config"):
         experiments.run("compare", c, smoke[0])
 
 

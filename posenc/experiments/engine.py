@@ -42,7 +42,7 @@ from posenc.config.schema import ConfigError
 from posenc.training import lock as lock_lib
 from posenc.training import results
 
-STUDY_FILE = "study.json"
+STUDY_FILE = lock_lib.STUDY_FILE
 ROWS_FILE = "point.jsonl"
 POLL_SECONDS = 2.0
 CLAIM_WAIT_SECONDS = 5.0  # claim(): how long a process waits for the workdir lock another one holds
@@ -181,7 +181,9 @@ def _identity(study_: Study, config, points) -> dict:
 
 
 def claim(study_: Study, config, points, workdir: str) -> None:
-    """Write ``study.json`` or check that it holds this study (ConfigError if it holds another)."""
+    """Write ``study.json`` or check that it holds this study (WorkdirHoldsOther if it holds
+    another study, another config's, or a run)."""
+    lock_lib.check_kind(workdir, "study")  # a run's workdir: refused before anything is written
     os.makedirs(workdir, exist_ok=True)
     ident = _identity(study_, config, points)
     path = os.path.join(workdir, STUDY_FILE)
@@ -191,9 +193,10 @@ def claim(study_: Study, config, points, workdir: str) -> None:
         old = files.read_json(path)
         if old is not None and (old.get("study"), old.get("points_hash")) != (ident["study"],
                                                                              ident["points_hash"]):
-            raise ConfigError(f"{workdir} holds the {old.get('study')} study of another config (points hash "
-                              f"{str(old.get('points_hash'))[:12]}..., this one "
-                              f"{ident['points_hash'][:12]}...); use a new --workdir or remove the old one")
+            raise lock_lib.WorkdirHoldsOther(
+                f"{workdir} holds the {old.get('study')} study of another config (points hash "
+                f"{str(old.get('points_hash'))[:12]}..., this one {ident['points_hash'][:12]}...); "
+                "use another --workdir (or remove this one)")
         if old is None:
             files.write_json(path, {**ident, "config": config.to_dict()})
 

@@ -1,4 +1,9 @@
-"""One process per workdir: a lock file that names its holder and is freed when the holder dies.
+"""One process per workdir, one kind of thing per workdir.
+
+A workdir holds one run (``config.json``) or one study (``study.json``), of
+one config: :func:`check_kind` refuses, in one line before anything is
+written, a run where a study is, a study where a run is (and the claims of
+``prepare.claim`` and the study engine refuse another config).
 
 ``with hold(workdir): ...`` takes ``workdir/.lock`` for the block. The lock
 is an exclusive ``flock`` on that file, so the kernel releases it the moment
@@ -45,6 +50,56 @@ _GUARD = threading.RLock()
 
 class WorkdirInUse(RuntimeError):
     """Another live process holds the workdir (the message names it)."""
+
+
+RUN_FILE = "config.json"  # a run's workdir: its config and hash
+STUDY_FILE = "study.json"  # a study's workdir: the study, its config and points
+MARKERS = {"run": RUN_FILE, "study": STUDY_FILE}
+
+
+class WorkdirHoldsOther(ValueError):
+    """The workdir holds another kind of thing or another config (the message says what, and what to do)."""
+
+
+def _rows(workdir: str) -> int:
+    try:
+        with open(os.path.join(workdir, "results.jsonl")) as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def held_kind(workdir: str) -> str | None:
+    """"run" or "study" if ``workdir`` holds one (its marker file), else None."""
+    for kind, marker in MARKERS.items():
+        if os.path.exists(os.path.join(workdir, marker)):
+            return kind
+    return None
+
+
+def describe_contents(workdir: str) -> str:
+    """What ``workdir`` holds, for a message: 'a run (config.json, 4 result rows)', 'the compare study
+    (study.json, 8 result rows)' or 'nothing posenc wrote'."""
+    kind = held_kind(workdir)
+    if kind is None:
+        return "nothing posenc wrote"
+    rows = _rows(workdir)
+    if kind == "run":
+        return f"a run ({RUN_FILE}, {rows} result rows)"
+    try:
+        with open(os.path.join(workdir, STUDY_FILE)) as f:
+            name = json.load(f).get("study") or "a"
+    except (OSError, ValueError):
+        name = "a"
+    return f"{'the ' + name if name != 'a' else 'a'} study ({STUDY_FILE}, {rows} result rows)"
+
+
+def check_kind(workdir: str, kind: str) -> None:
+    """WorkdirHoldsOther if ``workdir`` holds the other kind of thing than ``kind`` ("run" | "study")."""
+    held = held_kind(workdir)
+    if held is not None and held != kind:
+        raise WorkdirHoldsOther(f"{workdir} holds {describe_contents(workdir)}; a {kind} needs a workdir of "
+                                f"its own: use another --workdir (or remove this one)")
 
 
 def _boot_id() -> str | None:

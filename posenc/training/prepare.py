@@ -153,21 +153,24 @@ def resolve(config) -> Resolved:
 def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bool = True):
     """Claim ``workdir`` for ``resolved``: write config.json; return its complete rows or None.
 
-    ValueError if the workdir holds a run of another config. The main process
+    :class:`~posenc.training.lock.WorkdirHoldsOther` if the workdir holds a study or
+    a run of another config. The main process
     holds the workdir's lock first (:func:`posenc.training.lock.ensure_held`;
     :class:`~posenc.training.lock.WorkdirInUse` if another process has it).
     """
     workdir = os.path.abspath(workdir)
+    lock.check_kind(workdir, "run")  # before the lock file: nothing written into a study's workdir
     if main:
         lock.ensure_held(workdir)
     os.makedirs(workdir, exist_ok=True)
-    config_path = os.path.join(workdir, "config.json")
+    config_path = os.path.join(workdir, lock.RUN_FILE)
     if os.path.exists(config_path):
         with open(config_path) as f:
             old = json.load(f).get("config_hash")
         if old != resolved.hash:
-            raise ValueError(f"{workdir} holds a run with a different config (hash {str(old)[:12]}..., "
-                             f"this config {resolved.hash[:12]}...); use a new --workdir or remove the old one")
+            raise lock.WorkdirHoldsOther(
+                f"{workdir} holds a run of another config (hash {str(old)[:12]}..., this config "
+                f"{resolved.hash[:12]}...); use another --workdir (or remove this one)")
     if main:
         results.write_json(config_path, {"config": resolved.config.to_dict(), "config_hash": resolved.hash})
     done = complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)

@@ -1,0 +1,120 @@
+"""What a new user meets at the command line: one kind of thing per workdir (a run's workdir
+refuses a study and a study's refuses a run, in one line before anything is written:
+posenc.training.lock.check_kind), refusals as one line and exit 2 (no traceback), --help that
+shows the flags every entry point shares, written files readable as the umask says."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from helpers import ROOT, study_command
+
+from configs import compare as compare_config
+from posenc import experiments
+from posenc.training import lock, loop
+
+
+def _snapshot(workdir):
+    """Every file under ``workdir`` with its bytes."""
+    out = {}
+    for folder, _, names in os.walk(workdir):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, workdir)] = f.read()
+    return out
+
+
+def _run_workdir(tmp_path):
+    w = tmp_path / "run"
+    w.mkdir()
+    (w / "config.json").write_text(json.dumps({"config": {}, "config_hash": "abc"}))
+    (w / "results.jsonl").write_text("".join(json.dumps({"eval_length": n}) + "\n" for n in (8, 16, 32, 64)))
+    return str(w)
+
+
+def _study_workdir(tmp_path):
+    w = tmp_path / "study"
+    w.mkdir()
+    (w / "study.json").write_text(json.dumps({"study": "compare", "points_hash": "abc"}))
+    (w / "results.jsonl").write_text("".join(json.dumps({"eval_length": n}) + "\n" for n in (8, 16)))
+    return str(w)
+
+
+def test_a_study_in_a_run_s_workdir_is_refused_before_it_writes(tmp_path):
+    w = _run_workdir(tmp_path)
+    before = _snapshot(w)
+    with pytest.raises(lock.WorkdirHoldsOther) as e:
+        experiments.run("compare", compare_config.get_config("smoke"), w)
+    assert str(e.value) == (f"{w} holds a run (config.json, 4 result rows); a study needs a workdir of its "
+                            "own: use another --workdir (or remove this one)")
+    assert _snapshot(w) == before  # not even a lock file
+
+
+def test_a_run_in_a_study_s_workdir_is_refused_before_it_writes(tmp_path):
+    from test_steploop import config
+
+    w = _study_workdir(tmp_path)
+    before = _snapshot(w)
+    with pytest.raises(lock.WorkdirHoldsOther, match=r"holds the compare study \(study.json, 2 result rows\); "
+                                                     r"a run needs a workdir of its own"):
+        loop.run(config(), w)
+    assert _snapshot(w) == before
+
+
+def test_held_kind_and_description():
+    assert lock.held_kind("/nonexistent/posenc") is None
+    assert lock.describe_contents("/nonexistent/posenc") == "nothing posenc wrote"
+    lock.check_kind("/nonexistent/posenc", "run")  # an empty or new workdir takes either
+    lock.check_kind("/nonexistent/posenc", "study")
+
+
+@pytest.mark.parametrize("entry,kind", [("train", "study"), ("compare", "run")])
+def test_the_command_line_refuses_in_one_line_and_exits_2(tmp_path, entry, kind):
+    w = _study_workdir(tmp_path) if kind == "study" else _run_workdir(tmp_path)
+    before = _snapshot(w)
+    if entry == "train":
+        cmd = study_command("compare", "smoke", w)
+        cmd[2] = "experiments.train"
+        cmd[3] = f"--config={ROOT}/configs/default.py:tiny"
+    else:
+        cmd = study_command("compare", "smoke", w)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    what = "the compare study (study.json, 2 result rows)" if kind == "study" else \
+        "a run (config.json, 4 result rows)"
+    other = "run" if kind == "study" else "study"
+    assert lines[0] == (f"error: {w} holds {what}; a {other} needs a workdir of its own: use another "
+                        "--workdir (or remove this one)")
+    assert _snapshot(w) == before
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_respect_the_umask(tmp_path, umask, mode):
+    """Results, configs, tables: what open() would create (0666 less the umask), not mkstemp's 0600."""
+    from posenc import files
+
+    old = os.umask(umask)
+    try:
+        path = files.write_json(str(tmp_path / "x" / "results.json"), {"a": 1})
+        files.atomic_write(str(tmp_path / "table.md"), "| a |")
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == mode
+    assert os.stat(tmp_path / "table.md").st_mode & 0o777 == mode
+
+
+@pytest.mark.parametrize("entry", ["train", "compare"])
+def test_help_shows_the_shared_flags(entry):
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", f"experiments.{entry}", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]  # absl's --help exits 1
+    for flag in ("--config:", "--workdir:", "--plugins:", "--jax_cache_dir:"):
+        assert flag in p.stdout, (flag, p.stdout[-3000:])
