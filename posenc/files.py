@@ -43,8 +43,14 @@ def _default(o):
     raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str, content: str | bytes | Callable) -> str:
-    """Replace ``path`` with ``content`` atomically; returns ``path``.
+    """Replace ``path`` with ``content`` atomically; returns ``path`` (mode 0666 less the umask).
 
     ``content``: text, bytes, or ``write(file)`` called with the temporary
     file opened in binary mode (e.g. ``lambda f: fig.savefig(f, format="png")``).
@@ -54,6 +60,9 @@ def atomic_write(path: str, content: str | bytes | Callable) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=".tmp",
                                dir=directory)
     try:
+        # mkstemp makes the file 0600; the file it becomes gets what open() would give it
+        # (0666 less the umask), so colleagues on a shared filesystem can read results
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             if callable(content):
                 content(f)
