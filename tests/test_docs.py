@@ -27,7 +27,7 @@ def _blocks(kind, paths=(README,)):
 def test_the_field_tables_are_the_generated_ones():
     text = open(README).read()
     block = text.split(fields_doc.BEGIN, 1)[1].split(fields_doc.END, 1)[0]
-    assert block.strip() == fields_doc.run_table().strip(), "run `python -m posenc.experiments.fields`"
+    assert block.strip() == fields_doc.run_table().strip(), "run `python -m posenc.experiments.fields --write .`"
     assert open(os.path.join(ROOT, "docs", "config.md")).read() == fields_doc.config_doc()
 
 
@@ -209,3 +209,17 @@ def test_the_readmes_python_blocks_run_as_written(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| half_alibi |" in out.stdout
+
+
+def test_the_fields_tool_prints_and_writes_only_when_asked(tmp_path, capsys, monkeypatch):
+    """``python -m posenc.experiments.fields`` prints every field; ``--write ROOT`` rewrites a checkout's
+    README table and docs/config.md, and refuses a directory that is not one, in one line."""
+    monkeypatch.chdir(tmp_path)
+    assert fields_doc.main([]) == 0
+    assert capsys.readouterr().out == fields_doc.config_doc()
+    assert os.listdir(tmp_path) == []  # nothing written where it ran
+    assert fields_doc.main(["--write", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path} is not a posenc checkout (no README.md); --write takes the "
+                   "repository's root"]
+    assert os.listdir(tmp_path) == []

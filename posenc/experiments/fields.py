@@ -1,6 +1,8 @@
 """The field tables of the documentation, generated from the declarations (never written by hand).
 
-    python -m posenc.experiments.fields          # rewrite README.md's table and docs/config.md
+    python -m posenc.experiments.fields                # every field, as docs/config.md, on stdout
+    python -m posenc.experiments.fields --write .      # rewrite README.md's table and docs/config.md
+                                                       # of the checkout in . (developers)
 
 README.md holds the run's fields (:func:`run_table`) between the markers
 ``<!-- fields:run -->`` and ``<!-- /fields:run -->``; docs/config.md holds
@@ -54,7 +56,8 @@ def run_table() -> str:
 
 def config_doc() -> str:
     lines = ["# Config fields", "",
-             "Generated from the declarations by `python -m posenc.experiments.fields`; every field is "
+             "Generated from the declarations by `python -m posenc.experiments.fields --write .` (without "
+             "`--write` it prints this page); every field is "
              "settable with `--config.<field>=<value>` (text parsed into the field's type; tuples as "
              "`(32,64)` or `32,64`, mappings as JSON). An unknown field fails in one line naming the "
              "closest valid one, however the config was built.", "",
@@ -88,6 +91,25 @@ def write(root: str) -> list[str]:
     return [readme, doc]
 
 
-if __name__ == "__main__":
-    for path in write(sys.argv[1] if len(sys.argv) > 1 else os.getcwd()):
+def main(argv: list[str]) -> int:
+    """Print every field (stdout); ``--write ROOT`` rewrites ROOT's README.md table and docs/config.md."""
+    if not argv:
+        sys.stdout.write(config_doc())
+        return 0
+    if argv[0] != "--write" or len(argv) != 2:
+        print("usage: python -m posenc.experiments.fields [--write ROOT]", file=sys.stderr)
+        return 2
+    root = argv[1]
+    missing = [p for p in ("README.md", os.path.join("docs", "config.md"))
+               if not os.path.exists(os.path.join(root, p))]
+    if missing:
+        print(f"error: {os.path.abspath(root)} is not a posenc checkout (no {missing[0]}); --write takes "
+              "the repository's root", file=sys.stderr)
+        return 2
+    for path in write(root):
         print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
