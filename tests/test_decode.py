@@ -32,6 +32,7 @@ def _tokens(batch=2, length=L):
 # posenc.model.check_encoding: tests/test_conformance.py runs it over the registry.
 
 
+@pytest.mark.smoke
 def test_cached_decoding_with_scaled_rope_and_gaps_in_positions():
     """Static scaling (YaRN), partial rotary and non-contiguous positions given to decode."""
     cfg = small_config("rope", scaling="yarn", factor=4.0, rotary_fraction=0.5)

@@ -192,6 +192,7 @@ def _causal_terms(P, Lq):
             terms.fox(c[..., -Lq:], c)]
 
 
+@pytest.mark.smoke
 def test_all_causal_terms_gqa_softcap_window_traced_offset_and_kv_length():
     """ALiBi + T5 + KERPLE-log + FIRE + FoX summed in one kernel; GQA 4/2; Lq < Lk; softcap;
     window; q_offset and kv_length traced (one trace serves two (q_offset, kv_length) pairs)."""
@@ -418,14 +419,19 @@ def test_bad_arguments_raise_value_errors():
 
 # ---------------------------------------------------------------- lowering (no device)
 
-def _export(platform):
+def _export(platform, dtype=jnp.bfloat16):
+    """StableHLO text of the jitted gradient (forward, dq, dk/dv kernels; every term, GQA,
+    softcap, window, chunk) for "cuda" (an abstract H100) or "tpu", at the default blocks.
+    Also used by test_triton_compile.py, which compiles its Triton kernels to cubins."""
     from jax import export
     from jax._src.mesh import AbstractDevice, AbstractMesh
 
+    from posenc.kernels.flash import DEFAULT_BLOCKS
+
     B, L, H, K, D = 1, 256, 4, 2, 64
-    blk = 64 if platform == "cuda" else 128
-    qs = jax.ShapeDtypeStruct((B, L, H, D), jnp.bfloat16)
-    ks = jax.ShapeDtypeStruct((B, L, K, D), jnp.bfloat16)
+    bq, bk = DEFAULT_BLOCKS["gpu" if platform == "cuda" else "tpu"]  # 64 / 128, below L
+    qs = jax.ShapeDtypeStruct((B, L, H, D), dtype)
+    ks = jax.ShapeDtypeStruct((B, L, K, D), dtype)
     lf = jax.ShapeDtypeStruct((B, H, L), jnp.float32)
     pos = jnp.arange(L)[None]
     P = _causal_params(H, L)
@@ -434,7 +440,7 @@ def _export(platform):
         P2 = {**P, "log_fgate": lf}
         o = flash_attention(q, k, v, q_positions=pos, k_positions=pos,
                             score_terms=_causal_terms(P2, L), scale=D ** -0.5, q_offset=q_offset,
-                            softcap=30.0, window=200, chunk=128, block_q=blk, block_k=blk,
+                            softcap=30.0, window=200, chunk=128, block_q=bq, block_k=bk,
                             interpret=False, backend="gpu" if platform == "cuda" else "tpu")
         return o.astype(jnp.float32).sum()
 
@@ -452,6 +458,7 @@ def _export(platform):
 
 @pytest.mark.parametrize("platform,target", [("cuda", "__gpu$xla.gpu.triton"),
                                              ("tpu", "tpu_custom_call")])
+@pytest.mark.smoke
 def test_kernels_lower_for_triton_and_mosaic_tpu(platform, target):
     """Forward, dq and dk/dv kernels with every term lower to Triton / Mosaic custom calls."""
     text = _export(platform)

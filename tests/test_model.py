@@ -58,6 +58,7 @@ def test_cases_cover_every_registry_entry_and_variant():
     assert "test_scaled_alibi" in ENCODINGS  # the test plugin is in the registry
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("kind,variant", CASES)
 def test_one_training_step_lowers_the_loss(kind, variant):
     model = build(kind, **variant)

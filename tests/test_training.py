@@ -83,6 +83,7 @@ def tiny():
     return c
 
 
+@pytest.mark.smoke
 def test_train_step_decreases_loss_and_reports_metrics(tiny):
     _, h = train(tiny, 40, stats=True)
     first = np.mean([m["loss"] for m in h[:5]])
