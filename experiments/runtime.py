@@ -102,6 +102,13 @@ def main(fn) -> None:
             return fn(argv)
         except refusals as e:  # a bad config, a workdir that holds something else or is in use
             _fail(e)
+        except KeyboardInterrupt as e:  # Ctrl-C: training checkpointed first (steploop.Interrupted)
+            from posenc.training import steploop
+
+            where = f" after checkpointing step {e.step}" if isinstance(e, steploop.Interrupted) else ""
+            print(f"interrupted{where}; rerun the same command to resume (finished runs and checkpoints "
+                  "are kept)", file=sys.stderr)
+            raise SystemExit(130) from None
 
     app.run(guarded, argv=argv, flags_parser=_parse_flags)
 

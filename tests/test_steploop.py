@@ -3,6 +3,7 @@ seeds), chunks end at every boundary, and "auto" picks k from the measured step 
 
 import importlib.util
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -245,3 +246,55 @@ def test_fine_tuning_with_k_steps_per_call_equals_one_per_call(one_per_call, tmp
     logs = [results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in dirs.values()]
     assert [r["step"] for r in logs[0]] == [4, 6] and logs[0] == logs[1]
     assert_same_bits(final_state(config(), dirs[1])[0], final_state(config(), dirs[4])[0])
+
+
+# ----------------------------------------------------------------------- Ctrl-C
+
+
+class CtrlC(Recorder):
+    """A trainer that receives SIGINT while running the call of step ``at`` (0-based)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def steps(self, t, n):
+        if t <= self.at < t + n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().steps(t, n)
+
+
+@pytest.mark.parametrize("at,stop", [(4, 5), (3, 4), (0, 1)])
+def test_ctrl_c_checkpoints_the_step_the_call_reached_then_stops(at, stop):
+    sched = steploop.Schedule(steps=11, end=11, log_every=4, checkpoint_every=6, per_call=1)
+    rec = CtrlC(at)
+    with pytest.raises(steploop.Interrupted) as e:
+        steploop.train(rec, start=0, schedule=sched)
+    assert e.value.step == stop
+    s, steps, boundary = rec.boundaries[-1]
+    assert s == stop and steps[-1] == stop and boundary.checkpoint
+    assert boundary.log == (stop == 4)  # a logging step keeps its log row
+    assert not any(c for c in rec.calls if c[0] == "steps" and c[1] >= stop)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+
+
+def test_ctrl_c_then_rerun_gives_the_uninterrupted_run_bit_for_bit(one_per_call, tmp_path, monkeypatch):
+    ref_dir, ref_rows = one_per_call
+    real = loop._Trainer.steps
+
+    def steps(self, t, n):  # Ctrl-C during step 5 (between the log at 4 and the checkpoint at 6)
+        if t <= 4 < t + n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, t, n)
+
+    monkeypatch.setattr(loop._Trainer, "steps", steps)
+    with pytest.raises(steploop.Interrupted):
+        loop.run(config(per_call=1), str(tmp_path))
+    assert final_state(config(), str(tmp_path))[1]["step"] == 5  # checkpointed where it stopped
+    monkeypatch.setattr(loop._Trainer, "steps", real)
+    rows = loop.run(config(per_call=1), str(tmp_path))
+    logs = [results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (ref_dir, str(tmp_path))]
+    assert logs[0] == logs[1]
+    keys = ("loss", "accuracy", "exact_match", "train_loss", "decoded_accuracy")
+    assert [[r.get(k) for k in keys] for r in rows] == [[r.get(k) for k in keys] for r in ref_rows]
+    assert_same_bits(final_state(config(), ref_dir)[0], final_state(config(), str(tmp_path))[0])

@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -211,8 +214,53 @@ def _per_step(fetched):
     return out
 
 
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C after a checkpoint at ``step``: rerunning the command resumes there."""
+
+    def __init__(self, step: int):
+        super().__init__(step)
+        self.step = step
+
+
+class _CtrlC:
+    """SIGINT while training: the first asks the loop to checkpoint when the running call returns
+    (at most ``AUTO_MAX_CALL_SECONDS``; with "auto", about a second) and stop; a second one stops at
+    once (KeyboardInterrupt, the steps since the last checkpoint lost)."""
+
+    def __init__(self):
+        self.asked, self._old = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        print("\ninterrupted: checkpointing when this call returns (Ctrl-C again to stop at once, "
+              "losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
 def train(trainer, *, start: int, schedule: Schedule, bar=None) -> int:
-    """Run steps ``start .. schedule.end - 1`` of ``trainer``; returns the last step done (1-based)."""
+    """Run steps ``start .. schedule.end - 1`` of ``trainer``; returns the last step done (1-based).
+
+    Ctrl-C checkpoints at the step the running call reaches, then raises :class:`Interrupted`.
+    """
+    with _CtrlC() as ctrl_c:
+        t = _train(trainer, start=start, schedule=schedule, bar=bar, ctrl_c=ctrl_c)
+    if ctrl_c.asked and t < schedule.end:
+        raise Interrupted(t)
+    return t
+
+
+def _train(trainer, *, start: int, schedule: Schedule, bar, ctrl_c) -> int:
     per_call = _PerCall(schedule.per_call)
     pending, t = [], start
     while t < schedule.end:
@@ -229,12 +277,15 @@ def train(trainer, *, start: int, schedule: Schedule, bar=None) -> int:
         t0 = t
         pending.append((t0, n, per_call.timed(lambda: trainer.steps(t0, n), pending, n, extra), extra))
         t += n
+        if ctrl_c.asked:  # checkpoint the state this call reached, and stop
+            at = dataclasses.replace(at, checkpoint=True) if t == stop else Boundary(False, True, False)
+            stop = t
         if t < stop:
             continue
         fetched = _per_step(jax.device_get(pending))
         pending = []
         if bar is not None:
             bar.update(len(fetched))
-        if trainer.boundary(t, fetched, at):
+        if trainer.boundary(t, fetched, at) or ctrl_c.asked:
             return t
     return max(start, schedule.end)
