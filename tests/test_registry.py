@@ -111,9 +111,14 @@ def test_every_listed_norm_and_qk_norm_runs():
         assert qn.shape == q.shape and kn.shape == q.shape
 
 
-def test_a_bias_without_kernel_terms_is_told_once_per_class_that_it_runs_the_xla_path():
+def test_a_bias_without_kernel_terms_is_told_once_per_class_when_built_for_an_accelerator():
+    """Registering says nothing (on CPU every unit runs the XLA path); a model built for a GPU / TPU
+    with attention_impl "auto" tells each class without an in-kernel form once."""
     import warnings
 
+    import helpers
+
+    from posenc.model import ModelSpec, fused
     from posenc.model.encoding import NoKernelFormWarning
 
     class Base(Encoding):
@@ -128,27 +133,36 @@ def test_a_bias_without_kernel_terms_is_told_once_per_class_that_it_runs_the_xla
         def values(self, weights, q_positions, k_positions):
             return None
 
+    def build(kinds):
+        cfg = helpers.model_cfg(kinds[0], num_layers=len(kinds))
+        cfg.position.layer_kinds = tuple(kinds)
+        return ModelSpec.from_config(cfg, train_length=16)
+
+    kinds = ["test_told_bias", "test_told_terms", "test_told_values"]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            register_encoding("test_told_bias")(Base)
-            register_encoding("test_told_bias")(Base)  # the same class again: told already
-            register_encoding("test_told_terms")(WithTerms)
-            register_encoding("test_told_values")(WithValues)
+            for name, cls in zip(kinds, (Base, WithTerms, WithValues)):
+                register_encoding(name)(cls)
+            with fused.force_backend("cpu"):
+                build(kinds)
+            assert not [w for w in caught if issubclass(w.category, NoKernelFormWarning)]
+            with fused.force_backend("gpu"):
+                build(kinds)
+                build(kinds)  # told already
         told = [w for w in caught if issubclass(w.category, NoKernelFormWarning)]
         assert [str(w.message).split()[1] for w in told] == ["'test_told_bias'", "'test_told_values'"]
         assert "on GPU / TPU its attention runs the XLA path" in str(told[0].message)
         assert "define kernel_terms" in str(told[0].message)
         assert "its values keep it there as well" in str(told[1].message)
-        assert told[0].filename == __file__  # points at the registration
     finally:
-        for name in ("test_told_bias", "test_told_terms", "test_told_values"):
+        for name in kinds:
             ENCODINGS.pop(name, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoKernelFormWarning)
         for name, cls in ENCODINGS.items():  # no built-in is told
             if cls.__module__.startswith("posenc.model.encodings."):
-                encoding_lib._tell_no_kernel_form(cls)
+                encoding_lib.tell_no_kernel_form(cls)
 
 
 def test_api_docs_describe_every_member_of_the_encoding_protocol():

@@ -110,8 +110,9 @@ docs/api.md ("The encoding protocol") gives every hook's arguments, shapes,
 dtypes and return value and when attention calls it (full forward, blocked
 path, decoding with a cache); ``posenc.model.check_encoding`` runs a unit
 through the properties they must keep. A unit with a ``bias`` but no
-``kernel_terms`` is told once, at registration (:class:`NoKernelFormWarning`),
-that it runs the XLA path on GPU / TPU.
+``kernel_terms`` is told once, when a model of it is built for a GPU / TPU
+(:class:`NoKernelFormWarning`), that it runs the XLA path there; on CPU, where
+every unit runs the XLA path, nothing is said.
 """
 
 from __future__ import annotations
@@ -379,7 +380,7 @@ class NoKernelFormWarning(UserWarning):
 _TOLD: set[type] = set()  # classes already told (once per class)
 
 
-def _tell_no_kernel_form(cls) -> None:
+def tell_no_kernel_form(cls) -> None:
     """Warn once per class that a ``bias`` without ``kernel_terms`` keeps the XLA path on GPU / TPU."""
     if cls in _TOLD or not overrides(cls, "bias") or overrides(cls, "kernel_terms"):
         return
@@ -418,7 +419,6 @@ def register_encoding(name: str):
             raise ValueError(f"{cls.__qualname__} is already registered as {cls.name!r}")
         cls.name = name
         ENCODINGS[name] = cls
-        _tell_no_kernel_form(cls)
         return cls
 
     return decorate

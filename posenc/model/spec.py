@@ -141,6 +141,9 @@ def _spec(cfg, train_length) -> ModelSpec:
                          num_layers=num_layers, train_length=train_length)
     norm = _norm(cfg.norm)
     _check_own_qk_norm(position, norm)
+    if cfg.attention_impl == "auto" and fused.on_accelerator():  # plugins told where it matters
+        for kind in dict.fromkeys(position.layer_kinds):
+            encoding.tell_no_kernel_form(encoding.get(kind))
     if cfg.attention_impl == "pallas":
         no_kernel = [k for k, opts in zip(position.layer_kinds, position.layer_options)
                      if not encoding.get(k).has_kernel_form() or encoding.get(k).rotates_in_attention(opts)]
