@@ -175,3 +175,11 @@ def test_api_docs_describe_every_member_of_the_encoding_protocol():
     assert {"bias", "prepare", "attention", "update_cache", "relative", "spans"} <= set(members)
     missing = [n for n in members if f"`{n}" not in section]
     assert not missing, f"docs/api.md does not describe Encoding.{', '.join(missing)}"
+
+
+def test_an_unknown_kind_points_at_plugins():
+    """A grid of one's own encoding reported without its module: the error says how to load it."""
+    with pytest.raises(ValueError, match=r"unknown position kind 'half_alibi'; choose one of: abacus, .* "
+                                         r"\(an encoding of your own registers when its module is "
+                                         r"imported: --plugins=MODULE on the command line\)"):
+        encoding_lib.get("half_alibi")

@@ -427,7 +427,9 @@ def register_encoding(name: str):
 def get(name) -> type[Encoding]:
     """The encoding class called ``name``; ValueError listing every registered name."""
     if not isinstance(name, str) or name not in ENCODINGS:
-        raise ValueError(f"unknown position kind {name!r}; choose one of: {', '.join(sorted(ENCODINGS))}")
+        raise ValueError(f"unknown position kind {name!r}; choose one of: {', '.join(sorted(ENCODINGS))} "
+                         "(an encoding of your own registers when its module is imported: "
+                         "--plugins=MODULE on the command line)")
     return ENCODINGS[name]
 
 
