@@ -34,8 +34,18 @@ def is_real(value) -> bool:
             and not type(value).__name__.endswith("Tracer"))
 
 
+def static(name: str, value) -> None:
+    """ValueError if ``value`` is a traced array (inside jit / vmap / grad): hyper-parameters that
+    set a program's shapes or constants must be Python numbers known when it is traced."""
+    if "Tracer" in type(value).__name__:
+        raise ValueError(f"{name} must be a static Python number, known when the program is traced; got a "
+                         f"traced value ({type(value).__name__}): pass it outside jax.jit, or as a static "
+                         "argument (static_argnames)")
+
+
 def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """``int(value)`` if it is an integer in ``[minimum, maximum]``, else ValueError."""
+    static(name, value)
     if not is_int(value) or (minimum is not None and value < minimum) or (
             maximum is not None and value > maximum):
         raise ValueError(f"{name} must be {_int_range(minimum, maximum)}; got {value!r}")
@@ -59,6 +69,7 @@ def number(name: str, value, *, positive: bool = False, minimum: float | None = 
     ``positive``: > 0; ``minimum`` / ``maximum``: inclusive bounds; ``below``:
     exclusive upper bound.
     """
+    static(name, value)
     ok = is_real(value) and math.isfinite(float(value))
     if ok:
         value = float(value)

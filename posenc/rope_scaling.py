@@ -55,6 +55,7 @@ TEMPERATURES = _m.TEMPERATURES  # YaRN attention-temperature formulas (see :func
 
 
 def _check_positive(name: str, value, allowed: str = "a positive number") -> float:
+    checks.static(name, value)
     if not checks.is_real(value) or not value > 0 or not math.isfinite(value):
         raise ValueError(f"{name} must be {allowed}; got {value!r}")
     return float(value)
@@ -103,6 +104,7 @@ def _check_factors(name: str, values, half: int) -> jax.Array:
 
 
 def _check_factor(factor) -> float:
+    checks.static("factor", factor)
     if not checks.is_real(factor) or not math.isfinite(factor) or factor < 1:
         raise ValueError(f"factor must be a number >= 1; got {factor!r}")
     return float(factor)

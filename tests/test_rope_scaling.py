@@ -718,3 +718,19 @@ def test_yarn_temperature_errors():
     assert af == pytest.approx(math.sqrt(1 + 0.1 * math.log(4) + 0.07 * math.log(4) ** 2))
     raises("frequencies('llama3') does not use temperature", "llama3", 8, factor=2.0,
            original_length=16, temperature="quadratic")
+
+
+def test_a_traced_factor_is_refused_as_not_static():
+    """Frequencies set the program's constants: a factor traced under jit says so in one line."""
+    import jax
+
+    from posenc import rope
+
+    f = jax.jit(lambda factor: rope.frequencies("yarn", 16, factor=factor, original_length=32)[0])
+    with pytest.raises(ValueError, match=r"^factor must be a static Python number, known when the program "
+                                         r"is traced; got a traced value \(.*Tracer\): pass it outside "
+                                         r"jax.jit, or as a static argument"):
+        f(4.0)
+    g = jax.jit(lambda base: rope.frequencies("default", 16, base=base)[0])
+    with pytest.raises(ValueError, match=r"^base must be a static Python number"):
+        g(10000.0)
