@@ -15,8 +15,10 @@ import numpy as np
 from posenc.experiments import figures, stats, tables
 
 def _metric(task: str) -> tuple[str, str]:
-    """(metric, label): text's loss, every retrieval task's exact match."""
-    return ("loss", "loss (nats / byte)") if task == "text" else ("exact_match", f"{task} accuracy")
+    """(metric, label): text's loss, every retrieval task's exact match (teacher-forced: the
+    answer's every token the argmax with the earlier answer tokens given)."""
+    return ("loss", "loss (nats / byte)") if task == "text" else (
+        "exact_match", f"{task} exact match (teacher-forced)")
 
 
 def _cells(rows):
