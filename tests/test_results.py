@@ -41,10 +41,15 @@ def test_config_hash_is_sha256_and_ignores_volatile_fields():
     assert results.config_hash(c) == h  # nor is the device layout
     assert results.config_hash(cfg(learning_rate=2e-3)) != h
     assert results.config_hash(cfg(steps=6)) != h
+    # nor is the evaluation: a trained run evaluated at other lengths keeps its identity
+    c = cfg()
+    c.eval = {"lengths": (32, 64), "batch_size": 8}
+    assert results.config_hash(c) == h
     # tuples and lists hash alike (config.json round trips turn tuples into lists)
-    a = ml_collections.ConfigDict({"eval": {"lengths": (1, 2)}})
-    b = ml_collections.ConfigDict({"eval": {"lengths": [1, 2]}})
-    assert results.config_hash(a) == results.config_hash(b)
+    a = ml_collections.ConfigDict({"task": {"lengths": (1, 2)}})
+    b = ml_collections.ConfigDict({"task": {"lengths": [1, 2]}})
+    assert results.config_hash(a) == results.config_hash(b) != results.config_hash(
+        ml_collections.ConfigDict({"task": {"lengths": [1, 3]}}))
 
 
 def test_make_row_validates_and_cleans():

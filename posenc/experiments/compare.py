@@ -25,6 +25,7 @@ from posenc import checks
 from posenc.config.schema import Field, Free, Section, Sub
 from posenc.experiments import compare_plots, compare_report, engine, findings, grid, tables
 from posenc.model import options as o
+from posenc.training import prepare, results
 from posenc.training.schema import Run
 
 # grid axis -> the field a plain entry sets
@@ -87,9 +88,19 @@ class Compare(engine.Study):
         return points
 
     def run(self, points, ctx):
-        return [[dict(r, variant=p.fields["variant"], task_variant=p.fields["task_variant"], run=p.name)
-                 for r in rows]
-                for p, rows in zip(points, grid.train(points, ctx))]
+        out = []
+        for p, rows in zip(points, grid.train(points, ctx)):
+            rows = [dict(r, variant=p.fields["variant"], task_variant=p.fields["task_variant"], run=p.name)
+                    for r in rows]
+            # a point evaluated again keeps its rows at the lengths it does not evaluate now
+            out.append(results.merge_rows(ctx.rows_of(p.name) if engine.has_rows(ctx, p) else [],
+                                          rows))
+        return out
+
+    def complete(self, point, rows):
+        # a trained run whose config now asks for other eval lengths or variants is not: it is
+        # evaluated again (from its last checkpoint, no training), its new rows added
+        return prepare.complete_rows(rows, point.run) is not None
 
     def report(self, rows, ctx):
         return write_report(rows, ctx.workdir, include_unfitted=bool(ctx.options.get("include_unfitted")),

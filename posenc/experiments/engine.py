@@ -78,6 +78,7 @@ class Context:
     config: object
     points: list[Point]
     options: dict = dataclasses.field(default_factory=dict)
+    study: "Study | None" = None
     missing: list[Point] = dataclasses.field(default_factory=list)  # points without rows (report)
 
     def run_dir(self, point: Point | str) -> str:
@@ -113,6 +114,10 @@ class Study:
     def report(self, rows: list[dict], ctx: Context) -> list[str]:
         """Write the study's tables and figures from ``rows``; the paths written."""
         return []
+
+    def complete(self, point: Point, rows: list[dict]) -> bool:
+        """Whether a point's written ``rows`` are all it should have (default: any rows are)."""
+        return True
 
 
 def study(name: str) -> Study:
@@ -197,12 +202,20 @@ def claim(study_: Study, config, points, workdir: str) -> None:
                 f"{workdir} holds the {old.get('study')} study of another config (points hash "
                 f"{str(old.get('points_hash'))[:12]}..., this one {ident['points_hash'][:12]}...); "
                 "use another --workdir (or remove this one)")
-        if old is None:
+        if old is None or results.canonical_json(old.get("config")) != results.canonical_json(config.to_dict()):
+            # the latest config: the same points, perhaps evaluated at other lengths or variants
             files.write_json(path, {**ident, "config": config.to_dict()})
 
 
-def is_complete(ctx: Context, point: Point) -> bool:
+def has_rows(ctx: Context, point: Point) -> bool:
+    """Whether ``point`` has written rows (all it should have now or not: :func:`is_complete`)."""
     return os.path.exists(os.path.join(ctx.run_dir(point), ROWS_FILE))
+
+
+def is_complete(ctx: Context, point: Point) -> bool:
+    if not has_rows(ctx, point):
+        return False
+    return ctx.study is None or ctx.study.complete(point, ctx.rows_of(point.name))
 
 
 def groups(points: list[Point]) -> list[list[Point]]:
@@ -245,7 +258,7 @@ def run(study_: Study | str, config, workdir: str, *, poll: float = POLL_SECONDS
         claim(study_, config, points, workdir)
         for path in files.remove_stale_temps(workdir):
             logging.info("removed %s (left by a killed writer)", path)
-    ctx = Context(workdir=workdir, config=config, points=points, options=dict(options))
+    ctx = Context(workdir=workdir, config=config, points=points, options=dict(options), study=study_)
     t0, ran = time.time(), 0
     todo = groups(points)
     while todo:
@@ -285,17 +298,17 @@ def run(study_: Study | str, config, workdir: str, *, poll: float = POLL_SECONDS
 
 
 def load_rows(workdir: str, *, points=None) -> list[dict]:
-    """Every row of the study in ``workdir``, as plain dicts, in point order (complete points only).
+    """Every row of the study in ``workdir``, as plain dicts, in point order (complete points only);
+    of a run's workdir, its rows as a study of one (:func:`run_rows`).
 
     The fields are those of :data:`posenc.experiments.rows.FIELDS` plus the
     study's own (``Study.row_fields``); ``pandas.DataFrame(load_rows(w))``
     gives a table of them.
     """
     if points is None:
-        ident = files.read_json(os.path.join(workdir, STUDY_FILE))
-        if ident is None:
-            raise ValueError(f"{workdir} holds no study ({STUDY_FILE} is missing)")
-        names = ident["points"]
+        if _held(workdir) == "run":
+            return run_rows(workdir)
+        names = files.read_json(os.path.join(workdir, STUDY_FILE))["points"]
     else:
         names = [p.name if isinstance(p, Point) else p for p in points]
     out = []
@@ -304,14 +317,38 @@ def load_rows(workdir: str, *, points=None) -> list[dict]:
     return out
 
 
+def _held(workdir: str) -> str:
+    """"run" or "study": what ``workdir`` holds; WorkdirHoldsOther (one line) if neither."""
+    kind = lock_lib.held_kind(workdir)
+    if kind is None:
+        raise lock_lib.WorkdirHoldsOther(
+            f"{workdir} holds no run or study ({lock_lib.RUN_FILE} or {STUDY_FILE}): give the --workdir "
+            "of a run (experiments.train) or a study (experiments.compare, extend, stability)")
+    return kind
+
+
+def run_rows(workdir: str) -> list[dict]:
+    """The rows of the run in ``workdir`` as those of a comparison of one point: ``variant`` its
+    encoding, ``task_variant`` its task, ``run`` and ``point`` the workdir's name."""
+    name = os.path.basename(os.path.abspath(workdir))
+    return [dict(r, variant=r.get("position"), task_variant=r.get("task"), run=name, point=name)
+            for r in files.read_jsonl(os.path.join(workdir, "results.jsonl"))]
+
+
 def report(workdir: str, **options) -> list[str]:
-    """Rebuild the report of the study in ``workdir`` from its rows (a partial grid says what is missing)."""
+    """Rebuild the report of the study in ``workdir`` from its rows (a partial grid says what is missing).
+
+    A run's workdir is reported as a comparison of one point: its table.md and plots.
+    """
+    if _held(workdir) == "run":
+        return study("compare").report(run_rows(workdir), Context(
+            workdir=os.path.abspath(workdir), config={"findings": "", "targets": {}}, points=[],
+            options=dict(options)))
     ident = files.read_json(os.path.join(workdir, STUDY_FILE))
-    if ident is None:
-        raise ValueError(f"{workdir} holds no study ({STUDY_FILE} is missing)")
     study_ = study(ident["study"])
     config, points = expand(study_, ident["config"])
-    ctx = Context(workdir=os.path.abspath(workdir), config=config, points=points, options=dict(options))
+    ctx = Context(workdir=os.path.abspath(workdir), config=config, points=points, options=dict(options),
+                  study=study_)
     ctx.missing = [p for p in points if not is_complete(ctx, p)]
     rows = load_rows(workdir, points=points)
     files.write_jsonl(os.path.join(workdir, "results.jsonl"), rows)

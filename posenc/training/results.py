@@ -5,7 +5,9 @@ A row holds at least :data:`REQUIRED_FIELDS`. Metrics that do not apply
 why in ``not_applicable``. Files are replaced atomically (write a temporary
 file in the same directory, fsync, ``os.replace``): a killed writer leaves
 the previous file intact, and rows are keyed by ``(config_hash,
-eval_variant, eval_length)`` so a rerun never duplicates them.
+eval_variant, eval_length)`` so a rerun never duplicates them. The config hash
+leaves out ``eval.*``: a trained run evaluated again (other lengths, variants)
+adds rows under the same hash, and replaces those of a length evaluated again.
 """
 
 from __future__ import annotations
@@ -58,10 +60,17 @@ def _default(o):
     raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
 
 
+# The evaluation: what is measured of a trained model, not which model is trained. A run
+# evaluated again at other lengths or variants (the same command with other eval.* fields)
+# keeps its identity, its checkpoints and its rows, and adds rows.
+EVALUATION_FIELDS = ("eval",)
+
+
 def config_hash(config) -> str:
-    """sha256 (hex) of the canonical JSON of ``config`` minus :data:`VOLATILE_FIELDS`."""
+    """sha256 (hex) of the canonical JSON of ``config`` minus :data:`VOLATILE_FIELDS` and
+    :data:`EVALUATION_FIELDS`: the identity of the trained model."""
     d = json.loads(canonical_json(_to_dict(config)))
-    for f in VOLATILE_FIELDS:
+    for f in VOLATILE_FIELDS + EVALUATION_FIELDS:
         _drop(d, f)
     return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 
@@ -88,7 +97,8 @@ def make_row(**fields) -> dict:
 
 
 def row_key(row: dict) -> tuple:
-    return (row["config_hash"], row.get("eval_variant"), row["eval_length"])
+    """(config_hash, eval_variant, eval_length, sweep point): one row per key in a results file."""
+    return (row["config_hash"], row.get("eval_variant"), row["eval_length"], canonical_json(row.get("sweep")))
 
 
 def merge_rows(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
