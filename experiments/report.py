@@ -1,10 +1,12 @@
-"""Rebuild the report of any study from its rows: a finished or partial grid.
+"""Rebuild the report of any study or run from its rows: a finished or partial grid, one run.
 
     python -m experiments.report --workdir /tmp/compare
     python -m experiments.report --workdir /tmp/compare --include_unfitted
+    python -m experiments.report --workdir /tmp/run          # a run: a comparison of one
 
-Reads WORKDIR/study.json and every point's rows; cells of points without
-rows yet say so. Runs nothing.
+Reads WORKDIR/study.json and every point's rows (or a run's results.jsonl);
+cells of points without rows yet say so. Runs nothing. A workdir that holds
+neither is refused in one line (exit 2).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from experiments import runtime
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("workdir", None, "A study's workdir (study.json).")
+    flags.DEFINE_string("workdir", None, "A study's workdir (study.json) or a run's (config.json).")
     flags.DEFINE_bool("include_unfitted", False, "compare: report cells over every run.")
     flags.mark_flags_as_required(["workdir"])
 

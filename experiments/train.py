@@ -7,7 +7,10 @@
         --config.model.position.kind=half_alibi --workdir /tmp/mine
 
 Writes WORKDIR/config.json, WORKDIR/checkpoints/ (Orbax, last k kept),
-WORKDIR/train_log.jsonl and WORKDIR/results.jsonl (one row per eval length).
+WORKDIR/train_log.jsonl, WORKDIR/results.jsonl (one row per eval length), and
+the run's report as a comparison of one: WORKDIR/table.md and WORKDIR/plots/.
+Rerunning with other ``--config.eval.*`` fields (lengths, variants) evaluates
+the trained run again and adds its rows; nothing is trained again.
 Rerunning with the same WORKDIR resumes from the last checkpoint, or only
 reports if the run is complete. ``--plugins`` imports modules first (your own
 encodings); a bad config field prints one line naming it and exits 2.
@@ -51,8 +54,11 @@ def main(argv):
         raise SystemExit(1) from None
     if rows is None or not loop.is_main_process():
         return
+    from posenc import experiments
+
     print(table_markdown(rows))
-    logging.info("results: %s/results.jsonl", flags.FLAGS.workdir)
+    written = experiments.report(flags.FLAGS.workdir)
+    logging.info("results: %s/results.jsonl; report: %s", flags.FLAGS.workdir, ", ".join(written))
 
 
 if __name__ == "__main__":

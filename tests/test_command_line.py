@@ -118,3 +118,80 @@ def test_help_shows_the_shared_flags(entry):
     assert "Traceback" not in p.stderr, p.stderr[-2000:]  # absl's --help exits 1
     for flag in ("--config:", "--workdir:", "--plugins:", "--jax_cache_dir:"):
         assert flag in p.stdout, (flag, p.stdout[-3000:])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished run of tests/test_steploop.py's tiny config (copy it before changing it)."""
+    from test_steploop import config
+
+    w = str(tmp_path_factory.mktemp("trained") / "run")
+    return w, loop.run(config(per_call=1), w)
+
+
+def _copy(trained, tmp_path, name="run"):
+    import shutil
+
+    w = str(tmp_path / name)
+    shutil.copytree(trained[0], w)
+    return w
+
+
+def test_a_trained_run_is_evaluated_again_at_new_lengths_without_training(trained, tmp_path):
+    """The same run with other eval.lengths: no step trained, the new length's rows added, the old
+    ones kept (eval.* is not the trained model's identity)."""
+    from test_steploop import config
+
+    from posenc.training import results
+
+    w, first = _copy(trained, tmp_path), trained[1]
+    log = open(os.path.join(w, "train_log.jsonl")).read()
+    c = config(per_call=1)
+    c.eval.lengths = (16, 32)
+    again = loop.run(c, w)
+    assert open(os.path.join(w, "train_log.jsonl")).read() == log  # nothing trained
+    assert sorted(r["eval_length"] for r in again) == [16, 32]
+    rows = results.read_jsonl(os.path.join(w, "results.jsonl"))
+    assert sorted(r["eval_length"] for r in rows) == [16, 32]  # one row per length
+    old, new = next(r for r in first if r["eval_length"] == 16), next(r for r in again if r["eval_length"] == 16)
+    assert (old["loss"], old["accuracy"], old["steps_trained"]) == (new["loss"], new["accuracy"],
+                                                                    new["steps_trained"])
+    assert loop.run(c, w) is not None  # complete now: the rows, nothing run
+
+
+@pytest.mark.slow
+def test_a_study_is_evaluated_again_at_new_lengths_without_training(tmp_path):
+    c = compare_config.get_config("smoke")
+    w = str(tmp_path / "study")
+    rows = experiments.run("compare", c, w)
+    logs = {p: open(os.path.join(w, "runs", p, "train_log.jsonl")).read() for p in os.listdir(os.path.join(w, "runs"))}
+    c.base.eval.lengths = (8, 16, 24)
+    more = experiments.run("compare", c, w)
+    assert {p: open(os.path.join(w, "runs", p, "train_log.jsonl")).read() for p in logs} == logs
+    assert len(more) == len(rows) // 2 * 3 and {r["eval_length"] for r in more} == {8, 16, 24}
+    key = lambda r: (r["run"], r["eval_length"])  # noqa: E731
+    before = {key(r): r["loss"] for r in rows}
+    assert {key(r): r["loss"] for r in more if key(r) in before} == before  # the same models
+    assert "| encoding | 8* | 16 | 24 |" in open(os.path.join(w, "table.md")).read()
+
+
+def test_a_run_is_a_study_of_one_for_rows_and_report(trained, tmp_path):
+    """load_rows and report take a run's workdir: its rows as a comparison of one point, its
+    table.md and plots; a workdir holding neither is refused in one line (exit 2 at the command line)."""
+    w = _copy(trained, tmp_path, "myrun")
+    rows = experiments.load_rows(w)
+    assert len(rows) == 1 and (rows[0]["variant"], rows[0]["task_variant"], rows[0]["run"]) == \
+        (rows[0]["position"], rows[0]["task"], "myrun")
+    written = experiments.report(w)
+    assert os.path.join(w, "table.md") in written and any(p.endswith(".png") for p in written)
+    assert "| encoding |" in open(os.path.join(w, "table.md")).read()
+    with pytest.raises(lock.WorkdirHoldsOther, match="holds no run or study"):
+        experiments.report(str(tmp_path / "missing"))
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={tmp_path / 'missing'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert [line for line in p.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {tmp_path / 'missing'} holds no run or study (config.json or study.json): give the "
+        "--workdir of a run (experiments.train) or a study (experiments.compare, extend, stability)"]
