@@ -156,3 +156,18 @@ def test_the_aggregate_weights_each_bin_by_its_sizes():
             row(eval_length=32, train_length=8, accuracy=0.3, problem_size_min=8, problem_size_max=15)]
     # sizes 5-7 (3 of them) at 0.9, sizes 8-15 (8) at 0.3: the mean over the 11 sizes
     assert report.aggregate(rows)["copy"]["rope"]["stat"].mean == pytest.approx((3 * 0.9 + 8 * 0.3) / 11)
+
+
+def test_an_evaluation_row_is_described_in_the_tables_words():
+    """The log says decoded first (the tables' headline), teacher-forced beside it; a text row its
+    loss and perplexity, no exact match (a text window has no answer)."""
+    from posenc.training import finish, loop
+
+    answers = {"loss": 0.1234, "accuracy": 0.979, "exact_match": 0.9, "decoded_accuracy": 0.833,
+               "decoded_exact_match": 0.75}
+    assert finish.describe(answers) == ("decoded accuracy=0.8330 exact match=0.7500; teacher-forced "
+                                        "accuracy=0.9790 exact match=0.9000; loss=0.1234")
+    assert finish.describe({**answers, "decoded_accuracy": None}).startswith("teacher-forced accuracy=0.9790")
+    text = {"loss": 1.5, "accuracy": 0.41, "exact_match": 0.0, "perplexity": 4.4817}
+    assert finish.describe(text) == "loss=1.5000 perplexity=4.482 next-token accuracy=0.4100"
+    assert loop.train_postfix({"loss": 0.5, "accuracy": 0.97}) == "train loss=0.5000 teacher-forced acc=0.970"

@@ -40,6 +40,21 @@ def _fmt(v):
     return "n/a" if v is None else f"{v:.4f}"
 
 
+def describe(row: dict) -> str:
+    """An evaluation row in the words of the tables: the decoded answer first where the task has
+    answers (the headline), then teacher-forced, then the loss; a text row: its loss and
+    perplexity (no answers, no exact match)."""
+    if row.get("perplexity") is not None:
+        return (f"loss={_fmt(row['loss'])} perplexity={row['perplexity']:.3f} "
+                f"next-token accuracy={_fmt(row['accuracy'])}")
+    parts = []
+    if row.get("decoded_accuracy") is not None:
+        parts.append(f"decoded accuracy={_fmt(row['decoded_accuracy'])} "
+                     f"exact match={_fmt(row.get('decoded_exact_match'))}")
+    parts.append(f"teacher-forced accuracy={_fmt(row['accuracy'])} exact match={_fmt(row['exact_match'])}")
+    return "; ".join(parts + [f"loss={_fmt(row['loss'])}"])
+
+
 def _row_key(row: dict) -> tuple:
     # The points of an evaluation sweep share (config_hash, eval_variant, eval_length).
     return (*results.row_key(row), results.canonical_json(row.get("sweep")))
@@ -96,9 +111,7 @@ def finish(model, resolved, workdir: str, *, name: str | None, record: records.C
     for r in rows if _main() else ():
         where = ", ".join([r["eval_variant"]] * bool(r["eval_variant"])
                           + [f"{k}={v}" for k, v in (r.get("sweep") or {}).items()])
-        logging.info("eval length %d%s: loss=%s accuracy=%s exact_match=%s", r["eval_length"],
-                     f" ({where})" if where else "", _fmt(r["loss"]),
-                     _fmt(r["accuracy"]), _fmt(r["exact_match"]))
+        logging.info("eval length %d%s: %s", r["eval_length"], f" ({where})" if where else "", describe(r))
     return rows
 
 

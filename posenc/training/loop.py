@@ -100,6 +100,12 @@ def record_fit(resolved, fit: records.FitState, s: int, accuracy) -> bool:
     return fit.fitted
 
 
+def train_postfix(metrics: dict) -> str:
+    """The progress bar's training metrics, named as what they are: the training batch's loss and
+    teacher-forced token accuracy (not the evaluation's decoded accuracy)."""
+    return f"train loss={metrics['loss']:.4f} teacher-forced acc={metrics['accuracy']:.3f}"
+
+
 class _Trainer:
     """The step loop's trainer of one run (see :mod:`posenc.training.steploop`)."""
 
@@ -133,7 +139,7 @@ class _Trainer:
         if at.log:
             last = book.log(s)
             if self.bar is not None:
-                self.bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
+                self.bar.set_postfix_str(train_postfix(last))
         fitted = at.fit and check_fit(self.resolved, self.graphdef, self.state, book.record.fit, s,
                                       mesh=self.mesh)
         if at.checkpoint or fitted:
