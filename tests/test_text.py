@@ -1,7 +1,9 @@
 """Text: stdlib corpus hash and content, own files, token memmaps, host / device windows, jit, errors."""
 
 import hashlib
+import importlib.util
 import json
+import logging
 import os
 import platform
 import time
@@ -153,7 +155,8 @@ def test_errors(task):
         tasks.make("text", eval_fraction=1.5)
     with pytest.raises(ValueError, match="max_bytes must be an integer >= 1; got 0"):
         tasks.make("text", max_bytes=0)
-    with pytest.raises(ValueError, match="give one of path \\(text files\\) and tokens"):
+    with pytest.raises(ValueError,
+                       match="give one of task.options.path \\(text files\\) and task.options.tokens"):
         tasks.make("text", path=text.stdlib_root(), tokens=text.stdlib_root())
 
 
@@ -229,7 +232,8 @@ def test_bad_paths_raise_when_the_task_is_made(tmp_path):
     write(tmp_path / "odd.bin", b"\x01\x02\x03")
     with pytest.raises(ValueError, match="has 3 bytes: not a non-empty array of uint16"):
         tasks.make("text", tokens=str(tmp_path / "odd.bin"))
-    with pytest.raises(ValueError, match="unknown token_dtype 'int32'; choose one of: uint16, uint32, uint8"):
+    with pytest.raises(ValueError,
+                       match="unknown task.options.token_dtype 'int32'; choose one of: uint16, uint32, uint8"):
         tasks.make("text", tokens=str(tmp_path / "odd.bin"), token_dtype="int32")
     with pytest.raises(ValueError, match="max_bytes applies to byte corpora"):
         tasks.make("text", tokens=str(tmp_path / "odd.bin"), max_bytes=10)
@@ -333,3 +337,138 @@ def test_pathlib_paths_are_accepted_and_metadata_stays_json(docs):
     task = tasks.make("text", path=root, eval_fraction=0.3)  # a pathlib.Path
     assert task.options()["path"] == str(root)
     assert json.loads(json.dumps(task.metadata()))["path"] == str(root)
+
+
+# ------------------------------------------------- a small own corpus, by default
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def text_config():
+    """configs/default.py:text (eval.lengths 64..1024) with a tiny model and a few steps."""
+    spec = importlib.util.spec_from_file_location("cfg_default_text", os.path.join(ROOT, "configs", "default.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("text")
+    c.model.update(d_model=16, num_layers=1, num_heads=2)
+    c.train.update(steps=2, warmup_steps=1, batch_size=4, steps_per_call=2, log_every=2, checkpoint_every=2,
+                   progress=False)
+    return c
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """A 220 KB generated text file: its held-out tail (0.1) holds 22000 bytes."""
+    path = tmp_path_factory.mktemp("own") / "own.txt"
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta\n", "eta,", "theta."]
+    path.write_text(" ".join(rng.choice(words, 40000))[:220_000])
+    return str(path)
+
+
+def resolve_own(path, **eval_fields):
+    from posenc.training import prepare
+
+    c = text_config()
+    c.task.options = {"path": path}
+    c.eval.update(eval_fields)
+    return prepare.resolve(c)
+
+
+def test_a_small_own_corpus_trains_and_evaluates_by_default(own, tmp_path, caplog):
+    from posenc.training import loop
+
+    c = text_config()
+    c.task.options = {"path": own}
+    with caplog.at_level(logging.INFO, logger="absl"):
+        rows = loop.run(c, str(tmp_path / "run"))  # eval.tokens as configs/default.py:text leaves it
+    assert c.eval.tokens == "auto" and c.eval.lengths == (64, 128, 256, 512, 1024)
+    # the held-out split's 22000 tokens: 21 whole windows of 1024 (21504 targets + 1), at every length
+    said = [r.getMessage() for r in caplog.records if "eval.tokens auto" in r.getMessage()]
+    assert said == ["eval.tokens auto: 21504 tokens at every length (the held-out split's 22000 tokens, at most "
+                    "131072; whole windows of eval.lengths 64..1024)"]
+    assert [r["eval_length"] for r in rows] == [64, 128, 256, 512, 1024]
+    for r in rows:
+        assert r["eval_tokens"] == 21504 and r["eval_windows"] * r["eval_length"] == 21504
+        assert np.isfinite(r["loss"]) and r["task_metadata"]["eval_bytes"] == 22000
+
+
+def test_eval_tokens_auto_is_the_same_whole_windows_at_every_length(own):
+    task = tasks.make("text", path=own)
+    assert task.corpus.data["eval"].size == 22000
+    assert task.eval_tokens("auto", (64, 1024)) == 21504  # 21 * 1024
+    assert task.eval_tokens("auto", (48, 64)) == 21888  # 114 * lcm(48, 64) = 114 * 192
+    assert task.eval_tokens("auto", (8,)) == 21992
+    # sliding windows every 8 tokens: L + a multiple of 8 at every L, at least the longest
+    assert task.eval_tokens("auto", (32, 64), stride=8) == 21992
+    assert task.eval_tokens("auto", (36, 60), stride=8) == 21996
+    for n in (32, 64):
+        assert task.scored_windows(21992, n, 8) == 1 + (21992 - n) // 8
+    small = tasks.make("text", path=own, eval_fraction=0.001)  # 220 held-out bytes
+    assert small.eval_tokens("auto", (64, 128)) == 128
+    # the stdlib corpus's held-out split is larger than 2**17: the count stays 2**17 (as before "auto")
+    stdlib = tasks.make("text", max_bytes=SMALL)
+    assert stdlib.eval_tokens("auto", (64, 128, 256, 512, 1024)) == text.AUTO_MAX_TOKENS == 2**17
+    r = resolve_own(own, lengths=(64, 96))
+    from posenc.training import evaluate
+
+    plans = [evaluate.plan_length(r.task, r.config, n) for n in (64, 96)]
+    assert [p.windows[0] * n for p, n in zip(plans, (64, 96))] == [21888, 21888]  # lcm 192
+
+
+def test_eval_tokens_refusals_name_the_field_and_a_value_that_works(own):
+    from posenc.training import prepare
+
+    with pytest.raises(prepare.ConfigError, match=r"^eval.tokens=10000 is not 64 \+ a multiple of 64 .*"
+                                                  r"eval.lengths 64..1024.*: use eval.tokens=9216 or auto$"):
+        resolve_own(own, tokens=10000)
+    assert resolve_own(own, tokens=9216).config.eval.tokens == 9216
+    with pytest.raises(prepare.ConfigError, match=r"^eval.tokens=131072 needs 131073 held-out tokens; the held-out "
+                                                  r"split holds 22000 \(task.options.eval_fraction=0.1 of '.*own.txt'"
+                                                  r"\): use eval.tokens=21504 or auto, or raise "
+                                                  r"task.options.eval_fraction \(now 0.1\) or use a larger corpus$"):
+        resolve_own(own, tokens=131072)
+    with pytest.raises(prepare.ConfigError, match=r"eval.tokens must be 'auto' or an integer >= 1.*got 'all'"):
+        resolve_own(own, tokens="all")
+    with pytest.raises(prepare.ConfigError, match=r"task.options.eval_fraction must be in \(0, 1\), got 1.5 "
+                                                  r"\(e.g. 0.1, the default\)"):
+        tasks_config = text_config()
+        tasks_config.task.options = {"path": own, "eval_fraction": 1.5}
+        prepare.resolve(tasks_config)
+    # a held-out split shorter than the longest window: which lengths fit, and the fields to change
+    c = text_config()
+    c.task.options = {"path": own, "eval_fraction": 0.003}  # 660 held-out bytes
+    with pytest.raises(prepare.ConfigError, match=r"^eval.tokens=auto: one whole window at every length of "
+                                                  r"eval.lengths 64..1024 needs 1025 held-out tokens; the held-out "
+                                                  r"split holds 660 .*: keep eval.lengths to \(64, 128, 256, 512\), "
+                                                  r"raise task.options.eval_fraction \(now 0.003\) or use a larger"):
+        prepare.resolve(c)
+    # sliding windows: lengths whose scored targets can never coincide
+    with pytest.raises(prepare.ConfigError, match=r"eval.stride=8 .* use an eval.stride that divides 4 \(e.g. 4\)"):
+        resolve_own(own, lengths=(64, 68), text_protocol="sliding", stride=8)
+    assert resolve_own(own, lengths=(64, 68), text_protocol="sliding", stride=4).task.eval_tokens(
+        "auto", (64, 68), 4) == 21996
+
+
+def test_binary_files_in_a_corpus_folder_are_skipped_with_one_warning(tmp_path, caplog):
+    root = tmp_path / "mixed"
+    texts = {f"doc{i:02d}.txt": write(root / f"doc{i:02d}.txt", f"line {i} of plain text\n".encode() * 30)
+             for i in range(12)}
+    write(root / "logo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    write(root / "sub" / "cache.pyc", bytes(range(1, 32)) * 20)  # no NUL, but control characters only
+    write(root / "latin1.txt", "caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 10)  # text, not UTF-8
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        task = tasks.make("text", path=str(root))
+    warned = [r.getMessage() for r in caplog.records if "binary" in r.getMessage()]
+    assert warned == [f"task.options.path {root}: skipped 2 binary files of 15 (a NUL byte or over 30% control "
+                      "characters in the first 8000 bytes): logo.png, sub/cache.pyc"]
+    assert sorted(f[0] for f in task.corpus.files) == sorted([*texts, "latin1.txt"])
+    assert task.metadata()["skipped_files"] == ["logo.png", "sub/cache.pyc"]
+    # nothing textual left, or a binary file given alone: refused
+    (only := tmp_path / "only").mkdir()
+    write(only / "a.bin", b"\x00\x01" * 100)
+    with pytest.raises(ValueError, match=r"task.options.path '.*only' holds no text files: every one of its 1 "
+                                         r"files is binary .*: a.bin"):
+        tasks.make("text", path=str(only))
+    with pytest.raises(ValueError, match=r"task.options.path '.*logo.png' is not a text file .* "
+                                         r"task.options.tokens"):
+        tasks.make("text", path=str(root / "logo.png"))

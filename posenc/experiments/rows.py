@@ -44,7 +44,8 @@ RUN_FIELDS = {
     "loss": "mean cross-entropy over the scored tokens (nats)",
     "accuracy": "token accuracy over the answer tokens (teacher-forced)",
     "exact_match": "fraction of examples with every answer token right (teacher-forced)",
-    "eval_tokens": "scored tokens", "eval_rows_per_step": "rows per evaluation forward (memory bound)",
+    "eval_tokens": "scored tokens (text: eval.tokens, or the count eval.tokens=auto chose: the same at every "
+                   "length)", "eval_rows_per_step": "rows per evaluation forward (memory bound)",
     "decoded_accuracy": "answer-token accuracy of the greedy generated answer (eval.decode; null: off)",
     "decoded_exact_match": "fraction of examples whose generated answer is entirely right (eval.decode)",
     "problem_size": "the evaluation problem size (synthetic tasks; the bin's largest)",

@@ -9,7 +9,11 @@ Three sources, each read into a :class:`Corpus` whose ``data[split]`` is a
   each followed by one NUL byte (``SEPARATOR``: NUL never occurs in the
   stdlib's source, so it marks document boundaries).
 * ``path``: one text file, or every regular file under a directory (hidden
-  names skipped), in the same layout. Read into memory.
+  names skipped), in the same layout. Read into memory. Binary files (a NUL
+  byte, or more than 30% control characters, in their first 8000 bytes:
+  :func:`is_binary`) are skipped with one warning naming them and how many
+  (``skipped_files`` in metadata); a binary single file, or a directory
+  with no text file left, is refused.
 * ``tokens``: a pre-tokenized memmap in nanoGPT's layout (a flat array of
   little-endian ``uint16``, or ``uint8`` / ``uint32``, token ids with no header): either
   a directory holding ``train.bin`` and ``val.bin`` (the splits) or one
@@ -45,6 +49,7 @@ import platform
 import sysconfig
 
 import numpy as np
+from absl import logging
 
 SEPARATOR = b"\x00"
 DEFAULT_MAX_BYTES = 8_000_000
@@ -52,6 +57,8 @@ DEFAULT_EVAL_FRACTION = 0.1
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
 TOKEN_DTYPES = ("uint8", "uint16", "uint32")  # uint32: vocabularies past 65536 ids (posenc.hf)
 _HASH_CHUNK = 1 << 24  # bytes per read when hashing a memmap (16 MiB)
+_SNIFF = 8000  # bytes is_binary reads (as git does)
+_TEXT_BYTES = bytes({7, 8, 9, 10, 11, 12, 13, 27} | set(range(0x20, 0x100)) - {0x7F})
 
 
 def stdlib_root() -> str:
@@ -97,8 +104,26 @@ def file_split(path: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> str:
 def check_fraction(eval_fraction) -> float:
     if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or not (
             0.0 < eval_fraction < 1.0):
-        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
+        raise ValueError(f"task.options.eval_fraction must be in (0, 1), got {eval_fraction!r} "
+                         f"(e.g. {DEFAULT_EVAL_FRACTION}, the default)")
     return float(eval_fraction)
+
+
+def is_binary(full: str) -> bool:
+    """True if the file's first 8000 bytes hold a NUL byte or are more than 30% control characters.
+
+    Text in any ASCII-compatible encoding (UTF-8, Latin-1, ...) passes; images, archives,
+    compiled files and token arrays do not. An unreadable file is not binary (reading it
+    later says why it cannot be read).
+    """
+    try:
+        with open(full, "rb") as fh:
+            head = fh.read(_SNIFF)
+    except OSError:
+        return False
+    if SEPARATOR in head:
+        return True
+    return bool(head) and len(head.translate(None, _TEXT_BYTES)) > 0.3 * len(head)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +146,7 @@ class Corpus:
     kind: str = "python-stdlib-source"  # | "files" | "token-memmap"
     split_rule: str = "file"
     max_token: int = 255
+    skipped: tuple = ()  # the binary files of a directory, left out (relative paths)
     # split -> device array, filled on first use (outside any trace) and shared by tasks.
     device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -147,7 +173,7 @@ class Corpus:
                     train_bytes=int(self.data["train"].size), eval_bytes=int(self.data["eval"].size),
                     separator=SEPARATOR.hex())
         if self.kind == "files":
-            return {**meta, "path": self.root}
+            return {**meta, "path": self.root, "skipped_files": list(self.skipped)}
         return {**meta, "python_version": platform.python_version(),
                 "python_implementation": platform.python_implementation(), "stdlib_root": self.root}
 
@@ -169,7 +195,7 @@ def _read(root, path, budget, digest):
     return chunk
 
 
-def _concatenate(root, paths, max_bytes, eval_fraction, kind):
+def _concatenate(root, paths, max_bytes, eval_fraction, kind, skipped=()):
     """Read ``paths`` under ``root`` into a byte Corpus (file split, tail fallback)."""
     digest = hashlib.sha256()
     splits = {p: file_split(p, eval_fraction) for p in paths} if len(paths) > 1 else {}
@@ -204,14 +230,14 @@ def _concatenate(root, paths, max_bytes, eval_fraction, kind):
             files.append((name, "train" if start < cut else "eval", start, start + len(chunk)))
             start += len(chunk)
     return Corpus(data, tuple(files), digest.hexdigest(), total, max_bytes, eval_fraction, root,
-                  kind=kind, split_rule=rule)
+                  kind=kind, split_rule=rule, skipped=tuple(skipped))
 
 
 def _tail_cut(size, eval_fraction, where):
     cut = int(round(size * (1.0 - eval_fraction)))
     if cut < 1 or cut >= size:
         raise ValueError(f"corpus {where!r} has {size} tokens: too few to split into train and eval "
-                         f"at eval_fraction={eval_fraction}")
+                         f"at task.options.eval_fraction={eval_fraction}; use a larger corpus")
     return cut
 
 
@@ -250,19 +276,49 @@ def path_files(full) -> list:
         return [None]
     paths = user_files(full)
     if not paths:
-        raise ValueError(f"path {full!r} holds no readable files")
+        raise ValueError(f"task.options.path {full!r} holds no readable files (hidden names are skipped)")
     return paths
+
+
+def _named(paths, most=10) -> str:
+    shown = ", ".join(paths[:most])
+    return shown + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
+def text_files(full, paths) -> tuple[list, list]:
+    """``(text, binary)``: ``paths`` (of :func:`path_files`) split by :func:`is_binary`.
+
+    ValueError if no text file is left: a binary single file, or a directory of binary files.
+    """
+    if paths == [None]:
+        if is_binary(full):
+            raise ValueError(f"task.options.path {full!r} is not a text file (a NUL byte or over 30% control "
+                             f"characters in its first {_SNIFF} bytes): give text files, or token ids as "
+                             "task.options.tokens (a .bin memmap)")
+        return paths, []
+    binary = [p for p in paths if is_binary(os.path.join(full, p))]
+    skip = set(binary)
+    text = [p for p in paths if p not in skip]
+    what = f"(a NUL byte or over 30% control characters in the first {_SNIFF} bytes)"
+    if not text:
+        raise ValueError(f"task.options.path {full!r} holds no text files: every one of its {len(paths)} "
+                         f"files is binary {what}: {_named(binary)}")
+    if binary:
+        logging.warning("task.options.path %s: skipped %d binary file%s of %d %s: %s", full, len(binary),
+                        "" if len(binary) == 1 else "s", len(paths), what, _named(binary))
+    return text, binary
 
 
 @functools.lru_cache(maxsize=8)
 def _load_path(full, fingerprint, max_bytes, eval_fraction):
     del fingerprint  # part of the cache key only
-    return _concatenate(full, path_files(full), max_bytes, eval_fraction, "files")
+    text, binary = text_files(full, path_files(full))
+    return _concatenate(full, text, max_bytes, eval_fraction, "files", binary)
 
 
 def load_path_corpus(path, max_bytes=None, eval_fraction=DEFAULT_EVAL_FRACTION) -> Corpus:
     """The byte corpus of a file or directory, cached per (path, file sizes and times, options)."""
-    full = check_path(path)
+    full = check_path(path, "task.options.path")
     return _load_path(full, _fingerprint(full, path_files(full)), max_bytes, check_fraction(eval_fraction))
 
 
@@ -292,7 +348,7 @@ def _open_tokens(full, fingerprint, dtype, eval_fraction):
         names = ("train.bin", "val.bin")
         missing = [n for n in names if not os.path.isfile(os.path.join(full, n))]
         if missing:
-            raise ValueError(f"tokens directory {full!r} lacks {', '.join(missing)} (nanoGPT layout: "
+            raise ValueError(f"task.options.tokens directory {full!r} lacks {', '.join(missing)} (nanoGPT layout: "
                              f"train.bin and val.bin)")
         maps = [_memmap(os.path.join(full, n), dtype) for n in names]
         data = {"train": maps[0], "eval": maps[1]}
@@ -323,9 +379,9 @@ def _memmap(path, dtype):
 
 def open_tokens(path, dtype="uint16", eval_fraction=DEFAULT_EVAL_FRACTION) -> Corpus:
     """The token memmap corpus at ``path`` (cached per path, file sizes and times, options)."""
-    full = check_path(path, "tokens")
+    full = check_path(path, "task.options.tokens")
     if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"unknown token_dtype {dtype!r}; choose one of: {', '.join(TOKEN_DTYPES)}")
+        raise ValueError(f"unknown task.options.token_dtype {dtype!r}; choose one of: {', '.join(TOKEN_DTYPES)}")
     names = [n for n in ("train.bin", "val.bin") if os.path.isfile(os.path.join(full, n))]
     if not os.path.isdir(full):
         names = [None]

@@ -31,7 +31,13 @@ training). Example window (length 8)::
 
 Evaluation uses ``sequential_batch`` instead: consecutive non-overlapping
 windows from the start of the split (window ``w`` holds tokens ``[w L, (w
-+ 1) L]``), the same held-out tokens for every run.
++ 1) L]``), the same held-out tokens for every run. Every evaluation length
+scores the same first ``eval.tokens`` targets (:meth:`Text.eval_tokens`),
+a whole number of windows at each length: ``eval.tokens="auto"`` (the
+default) takes the largest such count the held-out split holds, at most
+``AUTO_MAX_TOKENS`` (2**17): the largest multiple of every length's window
+(their least common multiple; sliding windows: of ``eval.stride``, from
+the lengths) with one more token for the last target.
 
 Where the windows come from: a corpus of at most ``device_limit`` bytes
 (default 256 MiB; the 8 MB stdlib corpus is far below) is copied to the
@@ -48,11 +54,13 @@ so batches are still a pure function of the key, work under ``jit`` and
 
 from __future__ import annotations
 
+import math
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from posenc import checks
 from posenc.tasks import corpus as corpus_lib
@@ -64,6 +72,18 @@ from posenc.tasks.registry import Registered
 
 DEVICE_LIMIT = 2**28  # bytes: corpora up to this size are copied to the device
 _INT32_SPAN = 2**31
+AUTO = "auto"  # eval.tokens: the held-out split's whole windows at every length (Text.eval_tokens)
+AUTO_MAX_TOKENS = 2**17  # eval.tokens="auto" scores at most this many targets per length
+
+
+def check_eval_tokens(name, value):
+    """``value`` (eval.tokens) if it is "auto" or an integer >= 1, else ValueError naming ``name``."""
+    if isinstance(value, str) and value == AUTO:
+        return AUTO
+    if checks.is_int(value) and value >= 1:
+        return int(value)
+    raise ValueError(f"{name} must be 'auto' or an integer >= 1 (a whole number of windows at every "
+                     f"eval.lengths); got {value!r}")
 
 
 class Text(Registered):
@@ -80,15 +100,17 @@ class Text(Registered):
                  vocab_size: int | None = None, device_limit: int = DEVICE_LIMIT, seed: int = 0):
         self.seed = check_int("seed", seed, minimum=0)
         if max_bytes is not None:
-            max_bytes = check_int("max_bytes", max_bytes, minimum=1)
-        self.device_limit = check_int("device_limit", device_limit, minimum=0)
+            max_bytes = check_int("task.options.max_bytes", max_bytes, minimum=1)
+        self.device_limit = check_int("task.options.device_limit", device_limit, minimum=0)
         if path is not None and tokens is not None:
-            raise ValueError("give one of path (text files) and tokens (a token memmap), not both")
+            raise ValueError("give one of task.options.path (text files) and task.options.tokens (a token "
+                             "memmap), not both")
         if tokens is not None:
             if max_bytes is not None:
-                raise ValueError("max_bytes applies to byte corpora (the stdlib or path), not to tokens")
-            self.corpus = corpus_lib.open_tokens(tokens, checks.choice("token_dtype", token_dtype,
-                                                                       corpus_lib.TOKEN_DTYPES), eval_fraction)
+                raise ValueError("task.options.max_bytes applies to byte corpora (the stdlib or "
+                                 "task.options.path), not to task.options.tokens: leave it unset")
+            dtype = checks.choice("task.options.token_dtype", token_dtype, corpus_lib.TOKEN_DTYPES)
+            self.corpus = corpus_lib.open_tokens(tokens, dtype, eval_fraction)
         elif path is not None:
             self.corpus = corpus_lib.load_path_corpus(path, max_bytes, eval_fraction)
         else:
@@ -101,7 +123,8 @@ class Text(Registered):
         wide = tokens is not None and token_dtype in ("uint16", "uint32")
         natural = {"uint16": 65536, "uint32": 2 ** 31}.get(token_dtype, 256) if wide else 256
         if vocab_size is not None:
-            vocab_size = check_int("vocab_size", vocab_size, minimum=self.corpus.max_token + 1, maximum=natural)
+            vocab_size = check_int("task.options.vocab_size", vocab_size, minimum=self.corpus.max_token + 1,
+                                   maximum=natural)
         self.vocab_size = (self.corpus.max_token + 1 if wide else 256) if vocab_size is None else vocab_size
         self._user_vocab = vocab_size
         self.on_device = self.corpus.nbytes <= self.device_limit
@@ -111,6 +134,7 @@ class Text(Registered):
                 if s not in self.corpus.device:
                     self.corpus.device[s] = jax.device_put(np.asarray(self.corpus.data[s]))
         self._windows_jit = jax.jit(self._windows, static_argnums=(1, 2, 3))
+        self._auto_said = set()  # the (lengths, stride) whose eval.tokens="auto" count was logged
 
     def options(self) -> dict:
         opts = super().options()
@@ -148,10 +172,12 @@ class Text(Registered):
         check_split(split)
         available = self.corpus.data[split].size
         if available < length + 1:
+            field = "task.train_length" if split == "train" else "eval.lengths"
             raise ValueError(
                 f"length {length} needs windows of {length + 1} tokens but the {split!r} split "
-                f"holds {available}; use a larger corpus"
-                + (f" or raise max_bytes (now {self.corpus.max_bytes})" if self.tokens is None else "")
+                f"holds {available}{self._split_origin(split)}; use a larger corpus or a shorter {field}"
+                + (f" or raise task.options.max_bytes (now {self.corpus.max_bytes})"
+                   if self.corpus.max_bytes is not None else "")
             )
         if self.seed:
             key = jax.random.fold_in(key, self.seed)
@@ -177,7 +203,8 @@ class Text(Registered):
         available = (self.corpus.data[check_split(split)].size - 1 - length) // step + 1
         if available < 1:
             raise ValueError(f"length {length} needs windows of {length + 1} tokens but the {split!r} split "
-                             f"holds {self.corpus.data[split].size}; use a larger corpus")
+                             f"holds {self.corpus.data[split].size}{self._split_origin(split)}; use a larger "
+                             "corpus or shorter eval.lengths")
         count = available if count is None else int(count)
         if count > available:
             raise ValueError(f"{count} windows of {length} tokens (step {step}) need "
@@ -197,22 +224,95 @@ class Text(Registered):
         mask = (valid[:, None] & scored).astype(jnp.float32)
         return {"inputs": windows[:, :-1], "targets": windows[:, 1:], "mask": mask}
 
-    def scored_windows(self, tokens: int, length: int, stride: int | None = None) -> int:
+    def scored_windows(self, tokens, length: int, stride: int | None = None) -> int:
         """How many windows score the first ``tokens`` targets of the held-out split at ``length``.
 
-        ValueError when ``tokens`` is not a whole number of windows' worth of targets or the
-        split holds fewer than ``tokens`` + 1 tokens.
+        ``tokens``: an integer or "auto" (:meth:`eval_tokens` of this one length). ValueError
+        when it is not a whole number of windows' worth of targets or the split holds fewer
+        than ``tokens`` + 1 tokens; the message names eval.tokens and a value that works.
         """
+        tokens = self.eval_tokens(tokens, (length,), stride)
         step = length if stride is None else stride
-        first = length  # the first window scores all of its targets
-        if tokens < first or (tokens - first) % step:
-            raise ValueError(f"eval.tokens={tokens} is not {first} + a multiple of {step} (the windows of "
-                             f"length {length}{'' if stride is None else f', stride {stride}'})")
-        need, have = tokens + 1, int(self.corpus.data["eval"].size)
-        if need > have:
-            raise ValueError(f"eval.tokens={tokens} needs {need} held-out tokens; the held-out split holds "
-                             f"{have} (raise eval_fraction, use a larger corpus or lower eval.tokens)")
-        return 1 + (tokens - first) // step
+        return 1 + (tokens - length) // step
+
+    def eval_tokens(self, tokens, lengths, stride: int | None = None) -> int:
+        """The held-out targets every one of ``lengths`` scores: ``tokens`` (eval.tokens) checked, or chosen.
+
+        A count ``T`` is whole windows at length ``L`` when ``T = L + k S`` (``S = stride``, or
+        ``L`` for non-overlapping windows) and fits when the held-out split holds ``T + 1``
+        tokens. "auto": the largest ``T <= AUTO_MAX_TOKENS`` whole at every length that fits
+        (non-overlapping: a multiple of the lengths' least common multiple), the same at
+        each, said once in the log. An integer is checked; ValueError naming eval.tokens and
+        a value that works (and task.options.eval_fraction when the split is too small).
+        """
+        lengths = sorted({int(n) for n in lengths})
+        have = int(self.corpus.data["eval"].size)
+        cap = have - 1  # the last scored target needs its input before it
+        if isinstance(tokens, str) and tokens == AUTO:
+            chosen = _largest_whole(min(AUTO_MAX_TOKENS, cap), lengths, stride)
+            if chosen is None:
+                raise ValueError(f"eval.tokens=auto: {self._no_count(lengths, stride, have)}")
+            said = (tuple(lengths), stride)
+            if said not in self._auto_said:
+                self._auto_said.add(said)
+                logging.info("eval.tokens auto: %d tokens at every length (the held-out split's %d tokens, "
+                             "at most %d; whole %s of %s)", chosen, have, AUTO_MAX_TOKENS,
+                             "windows" if stride is None else f"windows every {stride} tokens",
+                             _span(lengths))
+            return chosen
+        tokens = check_eval_tokens("eval.tokens", tokens)
+        for n in lengths:
+            step = n if stride is None else stride
+            if tokens < n or (tokens - n) % step:
+                raise ValueError(f"eval.tokens={tokens} is not {n} + a multiple of {step} (the windows of "
+                                 f"length {n}{'' if stride is None else f', eval.stride {stride}'}; every "
+                                 f"length of {_span(lengths)} scores the same whole windows): "
+                                 f"{self._instead(tokens, lengths, stride, have)}")
+        if tokens + 1 > have:
+            raise ValueError(f"eval.tokens={tokens} needs {tokens + 1} held-out tokens; the held-out split holds "
+                             f"{have}{self._split_origin('eval')}: "
+                             f"{self._instead(tokens, lengths, stride, have, grow=True)}")
+        return tokens
+
+    def _instead(self, tokens, lengths, stride, have, grow=False) -> str:
+        """"use eval.tokens=N or auto": the working count nearest ``tokens`` (below it if any)."""
+        cap = have - 1
+        good = _largest_whole(min(tokens, cap), lengths, stride)
+        if good is None:
+            above = _smallest_whole(tokens, lengths, stride)
+            good = above if above is not None and above <= cap else None
+        if good is None:
+            return f"no eval.tokens fits: {self._no_count(lengths, stride, have)}"
+        return f"use eval.tokens={good} or auto" + (f", or {self._grow('eval')}" if grow else "")
+
+    def _no_count(self, lengths, stride, have) -> str:
+        """Why no count of held-out targets is whole windows at every length and fits."""
+        if stride is not None and _incongruent(lengths, stride):
+            gap = math.gcd(*(n - lengths[0] for n in lengths))
+            ok = max(d for d in range(1, min(stride, lengths[0], gap) + 1) if gap % d == 0)
+            return (f"with eval.text_protocol='sliding' length L scores L + a multiple of eval.stride={stride} "
+                    f"targets, and eval.lengths {tuple(lengths)} differ by amounts that are not multiples of "
+                    f"it: use an eval.stride that divides {gap} (e.g. {ok})")
+        need = _smallest_whole(1, lengths, stride) + 1
+        fit = [n for i, n in enumerate(lengths) if _smallest_whole(1, lengths[:i + 1], stride) + 1 <= have]
+        keep = f"keep eval.lengths to {tuple(fit)}" if fit else "use shorter eval.lengths"
+        return (f"one whole window at every length of {_span(lengths)} needs {need} held-out tokens; the "
+                f"held-out split holds {have}{self._split_origin('eval')}: {keep}, {self._grow('eval')}")
+
+    def _split_origin(self, split) -> str:
+        """Where the split's size comes from, e.g. " (task.options.eval_fraction=0.1 of FILE)"."""
+        c = self.corpus
+        if c.split_rule == "files":
+            return f" ({'train.bin' if split == 'train' else 'val.bin'} of task.options.tokens)"
+        where = "the stdlib" if c.kind == "python-stdlib-source" else repr(c.root)
+        if split == "eval":
+            return f" (task.options.eval_fraction={c.eval_fraction} of {where})"
+        return f" ({where} less its task.options.eval_fraction={c.eval_fraction})"
+
+    def _grow(self, split) -> str:
+        if self.corpus.split_rule == "files":
+            return f"use a larger {'val.bin' if split == 'eval' else 'train.bin'}"
+        return f"raise task.options.eval_fraction (now {self.corpus.eval_fraction}) or use a larger corpus"
 
     def _windows(self, key, batch_size, length, split):
         span = self.corpus.data[split].shape[0] - length  # number of valid start offsets
@@ -237,6 +337,39 @@ class Text(Registered):
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items() if v is not None)
         return f"Text({opts}, seed={self.seed})"
+
+
+def _span(lengths) -> str:
+    """eval.lengths as a message says them: "eval.lengths 64..1024" or "eval.lengths (48, 64)"."""
+    lengths = sorted(lengths)
+    pow2 = all(b == 2 * a for a, b in zip(lengths, lengths[1:])) and len(lengths) > 2
+    return f"eval.lengths {lengths[0]}..{lengths[-1]}" if pow2 else f"eval.lengths {tuple(lengths)}"
+
+
+def _incongruent(lengths, stride) -> bool:
+    return len({n % stride for n in lengths}) > 1
+
+
+def _largest_whole(cap, lengths, stride):
+    """The largest count <= ``cap`` of whole windows at every one of ``lengths`` (sorted), or None."""
+    if stride is None:
+        m = math.lcm(*lengths)
+        return cap // m * m if cap >= m else None
+    if _incongruent(lengths, stride):
+        return None
+    top = cap - (cap - lengths[0]) % stride
+    return top if top >= lengths[-1] else None
+
+
+def _smallest_whole(floor, lengths, stride):
+    """The smallest count >= ``floor`` of whole windows at every one of ``lengths`` (sorted), or None."""
+    if stride is None:
+        m = math.lcm(*lengths)
+        return max(-(-floor // m), 1) * m
+    if _incongruent(lengths, stride):
+        return None
+    low = max(floor, lengths[-1])
+    return low + (lengths[0] - low) % stride
 
 
 def _host_windows(data, key, batch_size, length, span):

@@ -112,7 +112,7 @@ def _not_applicable_row(length: int, reason: str) -> dict:
 
 
 VALIDATION = 0x7A11D  # folded into the evaluation keys of the fit check: other examples than the reported ones
-DEFAULT_TOKENS = 2**17
+DEFAULT_TOKENS = "auto"  # eval.tokens of a config without the field (posenc.tasks.text.Text.eval_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +132,10 @@ class Plan:
 def plan_length(task, config, length: int, devices: int = 1) -> Plan:
     """The :class:`Plan` of evaluating ``task`` at ``length`` under ``config.eval``.
 
-    Text (Press et al. 2022): the first ``eval.tokens`` targets of the held-out split, the same
-    at every length, in non-overlapping windows or (``eval.text_protocol="sliding"``) windows
-    every ``eval.stride`` tokens. Synthetic tasks: ``eval.num_batches`` batches with sizes
+    Text (Press et al. 2022): the first ``eval.tokens`` targets of the held-out split ("auto":
+    the most that are whole windows at every length, up to 2**17), the same at every length,
+    in non-overlapping windows or (``eval.text_protocol="sliding"``) windows every
+    ``eval.stride`` tokens. Synthetic tasks: ``eval.num_batches`` batches with sizes
     from :func:`posenc.tasks.base.eval_bins` (``eval.sizes``).
     """
     from posenc.tasks import base
@@ -146,7 +147,10 @@ def plan_length(task, config, length: int, devices: int = 1) -> Plan:
     rows = eval_lib.rows_per_step(batch_size, int(length), int(ev.get("max_tokens_per_step", 0)), devices)
     if sequential:
         stride = int(ev.get("stride", 0)) if ev.get("text_protocol", "nonoverlapping") == "sliding" else None
-        count = task.scored_windows(int(ev.get("tokens", DEFAULT_TOKENS)), int(length), stride)
+        # the same count at every length: eval.tokens, or what "auto" chooses for all of eval.lengths
+        lengths = {int(n) for n in ev.lengths} | {int(length)}
+        tokens = task.eval_tokens(ev.get("tokens", DEFAULT_TOKENS), lengths, stride)
+        count = task.scored_windows(tokens, int(length), stride)
         return Plan(batch_size, rows, -(-count // batch_size), per_position, True, windows=(count, stride))
     lengths = sorted({int(n) for n in ev.lengths} | {int(length)})
     lo, hi = base.eval_bins(task, lengths, mode=ev.get("sizes", "default"))[int(length)]

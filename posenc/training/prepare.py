@@ -72,10 +72,7 @@ def _check_scored_text(task, config) -> None:
     for n in ev.lengths:
         if stride is not None and stride > int(n):
             raise ValueError(f"eval.stride={stride} exceeds the evaluation length {n}")
-        try:
-            task.scored_windows(int(ev.tokens), int(n), stride)
-        except ValueError as e:
-            raise ValueError(f"{e} (eval.lengths {tuple(ev.lengths)})") from None
+    task.eval_tokens(ev.tokens, ev.lengths, stride)  # "auto": chosen (and logged) here
 
 
 def _prune_sections(config, spec: ModelSpec) -> None:

@@ -55,6 +55,12 @@ def _task_name(name, value) -> str:
     return value
 
 
+def _eval_tokens(name, value):
+    from posenc.tasks import text
+
+    return text.check_eval_tokens(name, value)  # "auto" or an integer >= 1
+
+
 def _mesh_data(name, value) -> int:
     if not checks.is_int(value) or not (value == -1 or value >= 1):
         raise ValueError(f"{name} must be -1 (all devices) or a positive integer, got {value!r}")
@@ -132,8 +138,9 @@ class Eval(Section):
                   "al.) | bin (the sizes above the previous length's, Kazemnejad et al.) | default: the task's")
     decode = Field(True, o.boolean, "also score the answers generated greedily through the KV cache "
                                    "(decoded_accuracy, decoded_exact_match)")
-    tokens = Field(2**17, o.positive_int, "text: every length scores the first eval.tokens targets of the "
-                                          "held-out split (a whole number of windows at every length)")
+    tokens = Field("auto", lambda n, v: _eval_tokens(n, v), "text: every length scores the first eval.tokens "
+                   "targets of the held-out split, a whole number of windows at every length (auto: the most "
+                   "the split holds, up to 131072)", type=object)
     text_protocol = Field("nonoverlapping", o.one_of("nonoverlapping", "sliding"),
                           "text: non-overlapping windows (Press et al. 2022's main tables) | sliding windows "
                           "every eval.stride tokens, each token scored once (their appendix)")
