@@ -377,6 +377,21 @@ def test_supported_says_why_not():
     assert supported((1, 4096, 8, 128), (1, 4096, 8, 128), backend="tpu", interpret=False)[0]
     ok, why = supported((1, 65536, 8, 128), (1, 65536, 8, 128), backend="tpu", interpret=False)
     assert not ok and "VMEM" in why
+    # Blocks as Mosaic pads them (Dh 64 -> 128 lanes) against v5e's 16 MiB (the default when
+    # no TPU is targeted): ALiBi with 16 kv heads at 16K and GQA 16/4 at 6K (dk/dv) fail to
+    # compile there (tests/test_tpu_compile.py); v6e's 32 MiB takes the first.
+    tpu = dict(dtype=jnp.bfloat16, score_terms=terms.alibi(jnp.ones(16)), backend="tpu",
+               interpret=False)
+    v5e, v6e = 16 * 2 ** 20, 32 * 2 ** 20
+    if jax.default_backend() != "tpu":  # no TPU targeted: v5e's budget
+        why = supported((1, 16384, 16, 64), (1, 16384, 16, 64), **tpu)[1]
+        assert why.endswith("(TPU of unknown generation: v5e's)"), why
+    ok, why = supported((1, 16384, 16, 64), (1, 16384, 16, 64), tpu_vmem_bytes=v5e, **tpu)
+    assert not ok and "VMEM" in why and f"> {v5e} bytes" in why, why
+    assert supported((1, 16384, 16, 64), (1, 16384, 16, 64), tpu_vmem_bytes=v6e, **tpu)[0]
+    ok, why = supported((1, 6144, 16, 64), (1, 6144, 4, 64), tpu_vmem_bytes=v5e, **tpu)
+    assert not ok and "dk/dv kernel" in why, why
+    assert supported((1, 14848, 16, 64), (1, 14848, 16, 64), tpu_vmem_bytes=v5e, **tpu)[0]
     ok, why = supported((1, 64, 8, 64), (1, 64, 8, 64), block_q=48, interpret=True)
     assert not ok and "power of two" in why
 

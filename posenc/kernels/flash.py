@@ -18,7 +18,10 @@ output 0 and zero gradients.
 Backends: Triton on GPU, Mosaic on TPU, the Pallas interpreter elsewhere
 (``interpret=None`` picks it on CPU; ``interpret=True`` forces it).
 :func:`supported` says whether a call can run, so callers can fall back to
-``posenc.model.attention`` (XLA blocked) otherwise.
+``posenc.model.attention`` (XLA blocked) otherwise; on TPU it counts each
+kernel's scoped VMEM (:func:`tpu_vmem`: the blocks as Mosaic pads them,
+double-buffered, and its scratch) against Mosaic's limit for the TPU generation
+(:func:`tpu_vmem_budget`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,34 @@ from posenc.kernels import score_term
 BACKENDS = ("gpu", "tpu")
 DEFAULT_BLOCKS = {"gpu": (64, 64), "tpu": (128, 128), None: (64, 64)}
 MIN_BLOCK = {"gpu": 16, "tpu": 8, None: 8}  # Triton's dot needs tiles of >= 16
-TPU_VMEM_BUDGET = 12 * 2 ** 20  # bytes of whole-sequence blocks per program (v5e scoped default 16 MiB)
+KIB, MIB = 2 ** 10, 2 ** 20
+# Mosaic's default scoped-VMEM limit per TensorCore (all that one kernel's blocks and
+# scratch may use), by device kind; any other TPU, or one of unknown generation
+# (compiling from a CPU host), gets TPU_VMEM_DEFAULT, the smallest known (v5e's).
+TPU_SCOPED_VMEM = {"TPU v5 lite": 16 * MIB, "TPU v5e": 16 * MIB,
+                   "TPU v6 lite": 32 * MIB, "TPU v6e": 32 * MIB}
+TPU_VMEM_DEFAULT = 16 * MIB
+# Mosaic's scratch beyond the blocks (the tile values it keeps in VMEM), per program at
+# 128 x 128 tiles, scaled by the tile area for larger ones: a base for every kernel (per
+# 128 lanes of the head dim), plus per term (by Term.name) the (forward, dq, dk/dv) bytes at the width it was measured at
+# (T5's 32 buckets, FIRE's 32 hidden units), scaled up linearly for wider terms (widest
+# head or shared array). Upper bounds, rounded up to 64 KiB, of what libtpu 0.0.50.1
+# needed on v5e and v6e (FIRE's dq: 3.8 MiB on v5e, 4.9 MiB on v6e); a term not listed
+# is costed as FIRE, the largest.
+TPU_SCRATCH_BASE = 384 * KIB
+TPU_TERM_SCRATCH = {
+    "alibi": (1, 64 * KIB, 128 * KIB, 64 * KIB),
+    "kerple_log": (1, 64 * KIB, 320 * KIB, 64 * KIB),
+    "kerple_power": (1, 64 * KIB, 320 * KIB, 64 * KIB),
+    "fox": (1, 64 * KIB, 192 * KIB, 320 * KIB),
+    "t5": (32, 256 * KIB, 448 * KIB, 320 * KIB),
+    "fire": (32, 704 * KIB, 4672 * KIB, 768 * KIB),
+}
+# Safety margin kept free below the limit: with it, the estimate exceeded each need measured
+# (v5e and v6e, worst case of every operand in HBM; each term alone and all five summed;
+# bf16 and f32; 1 and 4 query heads per kv head; head dims 64 to 256) by 240 KiB or more
+# (without it, the five terms summed came 16 KiB short in the forward kernel).
+TPU_VMEM_MARGIN = 256 * KIB
 
 
 def _pow2(n: int) -> int:
@@ -74,15 +104,118 @@ def _blocks(block_q, block_k, lq, lk, backend):
     return tuple(out)
 
 
+def _vmem_block(shape, itemsize):
+    """Bytes of one VMEM block as Mosaic lays it out: the last dim padded to 128 lanes, the
+    second-to-last to the sublane tile (8 rows of 32-bit values, 16 of 16-bit), so a
+    [n, 1] column takes n x 128 and an [1, n] row 8 (16) x n."""
+    *lead, rows, lanes = (1,) * max(0, 2 - len(shape)) + tuple(shape)
+    sub = 8 * 4 // itemsize
+    n = itemsize * (-(-rows // sub) * sub) * (-(-lanes // 128) * 128)
+    for x in lead:
+        n *= x
+    return n
+
+
+def _term_scratch(t, kernel):
+    """Mosaic's scratch for term ``t`` in kernel 0 (forward), 1 (dq) or 2 (dk/dv), 128² tiles."""
+    at, *sizes = TPU_TERM_SCRATCH.get(t.name, TPU_TERM_SCRATCH["fire"])
+    width = max([a.shape[1] for a in t.head + t.shared] + [1])
+    return sizes[kernel] * width // at if width > at else sizes[kernel]
+
+
+def tpu_vmem(q_shape, k_shape, *, dtype=jnp.float32, score_terms=(), block_q=None, block_k=None):
+    """Bytes of scoped VMEM each TPU kernel needs per program: {"forward", "dq", "dk/dv"}.
+
+    Its blocks as Mosaic lays them out (:func:`_vmem_block`), each twice: every operand
+    that XLA leaves in HBM is pipelined through two buffers (the scalars live in SMEM).
+    Block shapes, from ``flash_calls`` (G = H / K query heads per kv head):
+
+    forward  q [bq, Dh]; k, v [Lk, Dh] (the whole sequence of one kv head); q_pos [bq, 1];
+             k_pos [nk, bk]; per term: head rows [1, n], shared [m, n], q_vec [bq, 1],
+             k_vec [nk, bk]; out o [bq, Dh] f32, lse [bq, 1] f32
+    dq       the forward's inputs and do [bq, Dh], lse, delta [bq, 1] f32; out dq [bq, Dh],
+             per term the gradients of head [1, n], shared [m, n], q_vec [bq, 1]
+    dk/dv    q, do [G, Lq, Dh] (the whole sequence of a kv head's query heads); k, v [bk, Dh];
+             q_pos [nq, bq]; k_pos [bk, 1]; lse, delta [G, nq, bq] f32; per term: head
+             [G, 1, n], shared [m, n], q_vec [G, nq, bq], k_vec [G, bk, 1]; out dk, dv
+             [bk, Dh], k_vec gradients [G, bk, 1]
+
+    (Lq, Lk padded to the blocks, term arrays to powers of two, as in
+    :func:`flash_attention`); plus Mosaic's scratch for the tile's values
+    (``TPU_SCRATCH_BASE``, ``TPU_TERM_SCRATCH``). XLA may place small operands in VMEM
+    itself, which only lowers the need.
+    """
+    _, lq, h, d = q_shape
+    lk, kh = k_shape[1], k_shape[2]
+    terms = score_term.as_terms(score_terms)
+    bq, bk = _blocks(block_q, block_k, lq, lk, "tpu")
+    g = h // kh
+    nq, nk = -(-lq // bq), -(-lk // bk)
+    lqp, lkp = nq * bq, nk * bk
+    item = jnp.dtype(dtype).itemsize
+    blk, f32, i32 = _vmem_block, 4, 4
+    fwd_in = (blk((bq, d), item) + 2 * blk((lkp, d), item) + blk((bq, 1), i32)
+              + blk((nk, bk), i32))
+    fwd_out = blk((bq, d), f32) + blk((bq, 1), f32)
+    dq_out = blk((bq, d), item)
+    dkv_in = (2 * blk((g, lqp, d), item) + 2 * blk((bk, d), item) + blk((nq, bq), i32)
+              + blk((bk, 1), i32) + 2 * blk((g, nq, bq), f32))
+    dkv_out = 2 * blk((bk, d), item)
+    for t in terms:
+        widths = [_pow2(a.shape[1]) for a in t.head]
+        shared = sum(blk((_pow2(a.shape[0]), _pow2(a.shape[1])), f32) for a in t.shared)
+        rows = sum(blk((1, n), f32) for n in widths)
+        fwd_in += rows + shared
+        dq_out += rows + shared
+        dkv_in += sum(blk((g, 1, n), f32) for n in widths) + shared
+        if t.q_vec is not None:
+            fwd_in += blk((bq, 1), f32)
+            dq_out += blk((bq, 1), f32)
+            dkv_in += blk((g, nq, bq), f32)
+        if t.k_vec is not None:
+            fwd_in += blk((nk, bk), f32)
+            dkv_in += blk((g, bk, 1), f32)
+            dkv_out += blk((g, bk, 1), f32)
+    dq_in = fwd_in + blk((bq, d), item) + 2 * blk((bq, 1), f32)  # and do, lse, delta
+    area = max(1, bq * bk // (128 * 128))
+    base = TPU_SCRATCH_BASE * -(-d // 128)  # grows with the [b, Dh] float32 accumulators
+    scratch = [area * (base + sum(_term_scratch(t, i) for t in terms)) for i in range(3)]
+    return {"forward": 2 * (fwd_in + fwd_out) + scratch[0],
+            "dq": 2 * (dq_in + dq_out) + scratch[1],
+            "dk/dv": 2 * (dkv_in + dkv_out) + scratch[2]}
+
+
+def _tpu_device_kind():
+    """Device kind of the TPU targeted: an abstract mesh's, else the default device's, else None."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    if device is not None:
+        return device.device_kind
+    if jax.default_backend() == "tpu":
+        return jax.devices()[0].device_kind
+    return None
+
+
+def tpu_vmem_budget() -> tuple[int, str]:
+    """``(bytes, what)``: Mosaic's scoped-VMEM limit on the targeted TPU (``TPU_SCOPED_VMEM``)."""
+    kind = _tpu_device_kind()
+    if kind in TPU_SCOPED_VMEM:
+        return TPU_SCOPED_VMEM[kind], kind
+    return TPU_VMEM_DEFAULT, f"{kind or 'TPU of unknown generation'}: v5e's"
+
+
 def supported(q_shape, k_shape, *, dtype=jnp.float32, score_terms=(), block_q=None, block_k=None,
-              backend=None, interpret=None) -> tuple[bool, str]:
+              backend=None, interpret=None, tpu_vmem_bytes=None) -> tuple[bool, str]:
     """Whether :func:`flash_attention` can run this call; ``(ok, reason)`` (reason "" when ok).
 
     Checks what the kernel needs, per backend: dtype float32 / bfloat16, GQA
-    (H % K == 0), equal head dims, and on TPU that the whole-sequence blocks of
-    one program (K and V of a kv head; q and do of its query heads in the
-    dk/dv kernel) fit ``TPU_VMEM_BUDGET``. CoPE and Shaw (content-dependent
-    terms) have no kernel term; callers keep the XLA path for them.
+    (H % K == 0), equal head dims, and on TPU that each of the forward, dq and dk/dv
+    kernels fits the scoped VMEM: its need (:func:`tpu_vmem`: blocks as Mosaic pads
+    them, double-buffered, plus scratch) and ``TPU_VMEM_MARGIN`` within
+    ``tpu_vmem_bytes``, by default Mosaic's limit on the targeted TPU (16 MiB on v5e,
+    32 MiB on v6e; v5e's when the generation is unknown, as when compiling from a CPU
+    host). All three kernels are checked, since the caller may differentiate. CoPE
+    and Shaw (content-dependent terms) have no kernel term; callers keep the XLA path
+    for them.
     """
     try:
         backend, interpret = resolve_backend(backend, interpret)
@@ -99,18 +232,22 @@ def supported(q_shape, k_shape, *, dtype=jnp.float32, score_terms=(), block_q=No
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         return False, f"dtype {jnp.dtype(dtype)} is not float32 or bfloat16"
     try:
-        score_term.check_heads(score_term.as_terms(score_terms), h, b, lq, lk)
-        bq, bk = _blocks(block_q, block_k, lq, lk, backend)
+        terms = score_term.as_terms(score_terms)
+        score_term.check_heads(terms, h, b, lq, lk)
+        _blocks(block_q, block_k, lq, lk, backend)
+        if tpu_vmem_bytes is not None:
+            tpu_vmem_bytes = checks.integer("tpu_vmem_bytes", tpu_vmem_bytes, minimum=1)
     except ValueError as e:
         return False, str(e)
     if backend == "tpu" and not interpret:
-        item = jnp.dtype(dtype).itemsize
-        lqp, lkp = -(-lq // bq) * bq, -(-lk // bk) * bk
-        fwd = 2 * 2 * lkp * d * item  # K and V of one kv head, double-buffered
-        dkv = 2 * 2 * (h // kh) * lqp * d * item  # q and do of a kv head's query heads
-        if max(fwd, dkv) > TPU_VMEM_BUDGET:
-            return False, (f"sequence too long for whole-sequence VMEM blocks on TPU "
-                           f"({max(fwd, dkv)} bytes > {TPU_VMEM_BUDGET})")
+        budget, what = (tpu_vmem_bytes, "given") if tpu_vmem_bytes else tpu_vmem_budget()
+        need = tpu_vmem(q_shape, k_shape, dtype=dtype, score_terms=terms, block_q=block_q,
+                        block_k=block_k)
+        kernel = max(need, key=need.get)
+        if need[kernel] + TPU_VMEM_MARGIN > budget:
+            return False, (f"sequence too long for the TPU kernels' VMEM: the {kernel} kernel "
+                           f"needs {need[kernel]} bytes + {TPU_VMEM_MARGIN} margin > {budget} "
+                           f"bytes of scoped VMEM ({what})")
     return True, ""
 
 
