@@ -333,6 +333,122 @@ def test_a_killed_grid_loses_no_finished_run(killed_grid):
     assert final == s0_final  # not evaluated or written again
 
 
+
+# ---------------------------------------------------------------- seeds trained together
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL in the process (the files are those it leaves: checkpoints are synchronous)."""
+
+
+def _configs(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_config", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _alibi_cell():
+    """configs/compare.py:smoke's alibi cell: seeds 0 and 1 vmapped together, 8 steps, checkpoints at 4
+    and 8, rows at lengths 8 and 16."""
+    c = _configs("compare").get_config("smoke")
+    c.grid.positions = ("alibi",)
+    assert c.grid.vmap_seeds and c.grid.seeds == (0, 1)
+    return c
+
+
+def test_a_seed_group_killed_between_its_seeds_writes_resumes_bit_identical(tmp_path, monkeypatch):
+    """A kill between the checkpoints (or the rows) of the two seeds of a vmapped cell left them at
+    different steps; the lagging seed trained on alone (``loop.run``: another program, other float32
+    rounding: 1e-7 off) and wrote rows without ``seeds_trained_together``. Resumed, it trains in the
+    stack of the uninterrupted cell (its sibling holding its place) and every row is bit-identical."""
+    from posenc import experiments
+    from posenc.experiments import rows as rows_lib
+    from posenc.training import finish
+
+    config, seed0 = _alibi_cell(), "copy_alibi_rms-pre_s0"
+    reference = experiments.run("compare", config, str(tmp_path / "ref"))
+    assert len(reference) == 4 and {r["seeds_trained_together"] for r in reference} == {2}
+    real_save, real_write = records.RunLog.save, finish.write_rows
+
+    def kill_after(what, arg):
+        def save(self, s, state, seconds):
+            real_save(self, s, state, seconds)
+            if what == "checkpoint" and s == arg and seed0 in self.ckpt.directory:
+                raise _Killed
+
+        def write_rows(workdir, rows):
+            real_write(workdir, rows)
+            if what == "rows" and os.path.basename(workdir) == seed0:
+                raise _Killed
+
+        return save, write_rows
+
+    for what, arg in (("checkpoint", 4), ("checkpoint", 8), ("rows", None)):
+        workdir = str(tmp_path / f"{what}{arg}")
+        save, write_rows = kill_after(what, arg)
+        with monkeypatch.context() as m:
+            m.setattr(records.RunLog, "save", save)
+            m.setattr(finish, "write_rows", write_rows)
+            with pytest.raises(_Killed):  # after seed 0's write, before seed 1's
+                experiments.run("compare", config, workdir)
+        rows = experiments.run("compare", config, workdir)
+        assert rows_lib.without_volatile(rows) == rows_lib.without_volatile(reference), (what, arg)
+        for run in (seed0, "copy_alibi_rms-pre_s1"):
+            a, b = (os.path.join(d, "runs", run) for d in (str(tmp_path / "ref"), workdir))
+            log = "train_log.jsonl"
+            assert open(os.path.join(a, log)).read() == open(os.path.join(b, log)).read(), (what, run)
+            sa, sb = _state(os.path.join(a, "checkpoints", "8")), _state(os.path.join(b, "checkpoints", "8"))
+            assert sa.keys() == sb.keys() and all(sa[k].tobytes() == sb[k].tobytes() for k in sa), (what, run)
+
+
+
+def test_a_seed_restored_fitted_trains_no_more_in_a_resumed_cell(tmp_path, monkeypatch):
+    """Fit, then extrapolate (the quick grids: seeds vmapped, train.fit_accuracy): seed 0 fits at the
+    check of step 4, seed 1 never (12 steps). Killed after step 5 (both checkpointed at 4), the resumed
+    cell stacked both again and seed 0 trained on to step 8 (steps_to_fit 8); killed between their
+    checkpoints at 4, each trained alone. Resumed, both rows equal the uninterrupted cell's, bit for bit."""
+    from posenc.experiments import rows as rows_lib
+    from posenc.training import loop, multiseed
+
+    def config(seed):
+        c = _configs("default").get_config("tiny")
+        c.train.update(steps=12, log_every=4, checkpoint_every=4, fit_check_every=4, fit_accuracy=0.5, seed=seed)
+        c.eval.lengths = (16,)
+        return c
+
+    real_fit, real_save, real_steps = loop.record_fit, records.RunLog.save, multiseed._GroupTrainer.steps
+    monkeypatch.setattr(loop, "record_fit", lambda resolved, fit, s, accuracy: real_fit(
+        resolved, fit, s, 1.0 if int(resolved.config.train.seed) == 0 else 0.0))
+
+    def cell(workdir):
+        return multiseed.run_seeds([config(0), config(1)], [f"{workdir}/s0", f"{workdir}/s1"], names=["s0", "s1"])
+
+    reference = cell(tmp_path / "ref")
+    assert [(r[0]["steps_to_fit"], r[0]["steps_trained"]) for r in reference] == [(4, 4), (None, 12)]
+
+    kill = None
+
+    def save(self, s, state, seconds):
+        real_save(self, s, state, seconds)
+        if kill == "between" and s == 4 and os.path.basename(os.path.dirname(self.ckpt.directory)) == "s0":
+            raise _Killed  # seed 0's (fitted) checkpoint written, seed 1's not
+
+    def steps(self, t, n):
+        if kill == "after" and t >= 5:
+            raise _Killed  # both checkpointed at 4, step 6 not trained
+        return real_steps(self, t, n)
+
+    for kill in ("after", "between"):
+        with monkeypatch.context() as m:
+            m.setattr(records.RunLog, "save", save)
+            m.setattr(multiseed._GroupTrainer, "steps", steps)
+            with pytest.raises(_Killed):
+                cell(tmp_path / kill)
+        rows = cell(tmp_path / kill)
+        assert [rows_lib.without_volatile(r) for r in rows] == [rows_lib.without_volatile(r) for r in reference], kill
+
+
 # ---------------------------------------------------------------- checkpoints
 
 

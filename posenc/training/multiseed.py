@@ -14,9 +14,9 @@ Seed ``i`` starts from ``nnx.Rngs(seed_i)`` and trains on the data keys of
 its own run, so its metrics, checkpoints and results equal those of
 ``loop.run`` up to float32 rounding (batched matmuls may sum in another
 order). Every run keeps its own workdir: config.json, train_log.jsonl,
-event files, checkpoints (a killed group resumes, as a group or run by run)
-and results.jsonl, each row with ``seeds_trained_together`` = S and
-``train_seconds`` the wall time of the joint training.
+event files, checkpoints (their records name the cell: the seeds stacked
+together) and results.jsonl, each row with ``seeds_trained_together`` = S
+and ``train_seconds`` the wall time of the joint training.
 
 A seed leaves the stack when it diverges (NaN / Inf at a boundary: no
 checkpoint after its last good one; returned as its
@@ -24,9 +24,19 @@ checkpoint after its last good one; returned as its
 (``train.fit_accuracy``: it finishes with its own ``steps_to_fit``); the
 others go on (the step recompiles once for the smaller stack).
 
-Seeds that resume from different steps (e.g. one was run alone and killed)
-train in groups of equal start step; a group of one runs ``loop.run``. One
-device only: several devices train with ``loop.run``'s data parallelism.
+A killed cell resumes bit-identical to an uninterrupted one, wherever the
+kill fell: the rows of a vmapped step are independent, but the compiled
+program (the stack's size, vmapped or not) changes the float32 rounding, so
+a resumed cell runs the programs of the uninterrupted one. Seeds that
+resume from different steps (a kill between the seeds' checkpoints) train
+from the earliest in the stack of the whole cell, each seed that resumes
+later (or has finished, or fitted) holding its row until it joins (or
+until the step it left at); seeds evaluated in an earlier process keep
+their rows in the stack of the final evaluation; a seed restored fitted
+trains no more. Seeds whose checkpoints were written outside a cell
+(``loop.run``) train in groups of equal start step; a group of one runs
+``loop.run``. One device only: several devices train with ``loop.run``'s
+data parallelism.
 
 Speed (docs/performance.md), on 2 CPU cores: the quick grid's model
 (batch 32, length 16, d_model 64) steps about 14% faster vmapped (3
@@ -121,21 +131,34 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
     _check([r.config for r in resolved])
     names = list(names) if names is not None else [None] * len(configs)
     main = loop.is_main_process()
-    out, runs = [], []
+    out, runs = [], {}
     for i, (rv, w, n) in enumerate(zip(resolved, workdirs, names)):
         done = prepare.claim(rv, w, name=n, main=main)
         out.append(done)  # complete runs: their rows
         if done is None:
-            runs.append(SeedRun(index=i, name=n, resolved=rv, workdir=w))
-    by_start, graphdef = {}, None
-    for r in runs:
+            runs[i] = SeedRun(index=i, name=n, resolved=rv, workdir=w)
+    graphdef = None
+    for r in runs.values():
         r.model, r.optimizer, graphdef, state = loop.init_state(r.resolved)
         r.book = records.RunLog(r.resolved.config, r.workdir, main=main)
         r.state = r.book.restore(state)
-        by_start.setdefault(r.book.start, []).append(r)
-    for start, group in sorted(by_start.items()):
+    seeds = [int(rv.config.train.seed) for rv in resolved]
+    # The cell: the seeds that started together in one stack (as their checkpoints record), else
+    # the seeds that start now. The others (checkpoints written outside a stack, by loop.run or
+    # before records named the cell; seeds new to a cell) train in groups of equal start step.
+    listed = {s for r in runs.values() if r.book.start > 0 for s in (r.book.record.cell or ())}
+    if listed:
+        cell = [i for i in range(len(configs)) if seeds[i] in listed]
+    else:
+        cell = [i for i in runs if runs[i].book.start == 0]
+    by_start = {}
+    for r in runs.values():
+        if r.index not in cell:
+            by_start.setdefault(r.book.start, []).append(r.index)
+    groups = ([cell] if any(i in runs for i in cell) else []) + [g for _, g in sorted(by_start.items())]
+    for group in groups:
         if len(group) == 1:  # nothing to share: the plain loop
-            r = group[0]
+            r = runs[group[0]]
             r.book.close()
             try:
                 out[r.index] = loop.run(r.resolved, workdirs[r.index], name=r.name,
@@ -143,50 +166,133 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
             except records.NonFiniteError as e:
                 out[r.index] = e
             continue
-        _train_group(group, graphdef, start, max_steps_this_run, main)
-        _finish_group(group)
-        for r in group:
+        members = [runs[i] for i in group if i in runs]
+        complete = {i: out[i] for i in group if i not in runs}
+        try:
+            _train_cell(group, runs, complete, graphdef, [r.config for r in resolved], max_steps_this_run,
+                        main)
+        finally:
+            for r in members:
+                r.book.close()
+        _finish_cell(group, runs, complete)
+        for r in members:
             out[r.index] = r.result
     return out
 
 
-def _finish_group(group) -> None:
-    """Evaluate the group's trained seeds together (vmapped, one call per length) and write their rows.
+def _left_at(rows, config) -> int:
+    """The step after whose boundary a complete run of a cell left its stack (from its rows)."""
+    row = rows[0]
+    if row.get("diverged_at_step") is not None:  # found at the first boundary from that step
+        return steploop.Schedule.of(config, int(config.train.steps)).next_stop(int(row["diverged_at_step"]) - 1)
+    return int(row.get("steps_trained") or config.train.steps)
 
-    The stack is padded to the group's size, as in the fit checks, so that
-    the evaluation at the training length reuses their compiled program.
+
+def _diverged(i, runs, complete) -> bool:
+    if i in complete:
+        return any(r.get("diverged_at_step") is not None for r in complete[i])
+    return isinstance(runs[i].result, records.NonFiniteError)
+
+
+def _finish_cell(cell, runs, complete) -> None:
+    """Evaluate the cell's trained seeds together (vmapped, one call per length) and write their rows.
+
+    The stack is that of the cell's uninterrupted evaluation: its seeds that
+    did not diverge, in order, padded to the cell's size (as in the fit
+    checks, so that the evaluation at the training length reuses their
+    compiled program). A seed evaluated in another process (complete) keeps
+    its place, filled by another model: each seed's rows are those of an
+    uninterrupted run, bit for bit.
     """
-    done = [r for r in group if r.result is None and r.state is not None]
+    done = [i for i in cell if i in runs and runs[i].result is None and runs[i].state is not None]
     if not done:
         return
-    for r in done:
-        nnx.update((r.model, r.optimizer), r.state)
+    for i in done:
+        nnx.update((runs[i].model, runs[i].optimizer), runs[i].state)
+    order = [i for i in cell if not _diverged(i, runs, complete)]
+    order += [done[0]] * (len(cell) - len(order))
+    models = [runs[i].model if i in done else runs[done[0]].model for i in order]
+    first = runs[done[0]]
     t0 = time.time()
-    models = [r.model for r in done] + [done[0].model] * (len(group) - len(done))
-    evals = evaluate_lib.evaluate_seeds(models, done[0].resolved)
+    evals = evaluate_lib.evaluate_seeds(models, first.resolved)
     seconds = time.time() - t0
-    for r, rows in zip(done, evals):
+    for i in done:
+        r = runs[i]
         r.result = finish_lib.finish(r.model, r.resolved, r.workdir, name=r.name, record=r.book.record,
-                                     steps_trained=r.steps_trained, evals=rows, eval_seconds=seconds,
-                                     seeds_trained_together=len(group))
+                                     steps_trained=r.steps_trained, evals=evals[order.index(i)],
+                                     eval_seconds=seconds, seeds_trained_together=len(cell))
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One row of the stack: a seed of the cell, trained (``live``) or holding its place."""
+
+    index: int
+    run: SeedRun | None
+    live: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Phase(steploop.Schedule):
+    """The schedule up to the step where a resumed seed joins (``end``); ``stop``: where this
+    process stops (checkpointed there), so that a joining step adds no checkpoint."""
+
+    stop: int = 0
+
+    def at(self, s: int) -> steploop.Boundary:
+        b = super().at(s)
+        return dataclasses.replace(b, checkpoint=s % self.checkpoint_every == 0 or s == self.steps
+                                   or s == self.stop)
+
+
+def _phase(config, end: int, stop: int) -> _Phase:
+    return _Phase(**dataclasses.asdict(steploop.Schedule.of(config, end)), stop=stop)
 
 
 class _GroupTrainer:
-    """The step loop's trainer of a seed group: one stacked state, runs leave it as they end."""
+    """The step loop's trainer of a seed cell: one stacked state, runs leave it as they end.
 
-    def __init__(self, group, graphdef, *, bar):
-        first = group[0].resolved
-        self.active, self.graphdef, self.bar = list(group), graphdef, bar
-        self.size = len(group)
-        self.state = _stack([r.state for r in self.active])
-        for r in self.active:
-            r.state = None
-        self.roots = jnp.stack([loop.data_root(r.resolved.config) for r in self.active])
+    The stack holds every seed of the cell that an uninterrupted run of the cell
+    holds at that step, in the cell's order: a seed that resumes from a later
+    step than the others (or has finished) keeps its row with its own (or
+    another) state until it joins (or until the step it left at), so the step
+    runs the same compiled program as the uninterrupted run and each trained
+    row is bit-identical to it (the rows of a vmapped step are independent).
+    """
+
+    def __init__(self, cell, runs, graphdef, left, *, bar):
+        self.cell, self.runs, self.graphdef, self.bar = cell, runs, graphdef, bar
+        self.left = dict(left)  # index -> the step after whose boundary it left the stack
+        first = next(r for r in runs.values() if r.index in cell).resolved
+        self.size = len(cell)
         self.chunk = step_lib.seeds_train_chunk_fn(first.task, first.config,
                                                    steploop.buffer_size(first.config))
         self.stats_fn = step_lib.seeds_stats_fn(first.task, first.config)
-        self.t0 = time.time()
-        self.seconds0 = {r.index: r.book.record.train_seconds for r in group}  # restored time
+        self.t0 = {}  # index -> when it joined the stack in this process
+        self.slots, self.state, self.roots = [], None, None
+
+    def arrange(self, t: int, configs) -> None:
+        """(Re)build the stack for the steps after ``t``: the cell's seeds that have not left,
+        those that resume at ``t`` or earlier trained, the others holding their places."""
+        for j, slot in enumerate(self.slots):
+            if slot.live:
+                slot.run.state = _take(self.state, j)
+        slots, states, roots = [], [], []
+        filler = next(r.state for r in self.runs.values() if r.index in self.cell and r.state is not None)
+        for i in self.cell:
+            if i in self.left and self.left[i] <= t:
+                continue
+            r = self.runs.get(i)
+            live = r is not None and i not in self.left and r.book.start <= t
+            if live and i not in self.t0:
+                self.t0[i] = time.time()
+            slots.append(_Slot(i, r if live else None, live))
+            states.append(r.state if r is not None and r.state is not None else filler)
+            roots.append(loop.data_root(configs[i]))
+        self.slots, self.state, self.roots = slots, _stack(states), jnp.stack(roots)
+        for slot in slots:
+            if slot.live:
+                slot.run.state = None
 
     def steps(self, t, n):
         self.state, metrics = self.chunk(self.graphdef, self.state, self.roots, np.int32(t), np.int32(n))
@@ -196,15 +302,15 @@ class _GroupTrainer:
         return self.stats_fn(self.graphdef, self.state, self.roots, jnp.int32(t))
 
     def _fit_accuracies(self) -> list:
-        """Validation accuracy at the training length of every active seed, in one vmapped call.
+        """Validation accuracy at the training length of every row of the stack, in one vmapped call.
 
-        The stack is padded to the group's size (repeating its first seed), so
-        every check of the group runs the same compiled program.
+        The stack is padded to the cell's size (repeating its first row), so
+        every check of the cell runs the same compiled program.
         """
-        resolved = self.active[0].resolved
+        resolved = next(r for r in self.runs.values() if r.index in self.cell).resolved
         model, _ = nnx.merge(self.graphdef, self.state)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        active = len(self.active)
+        active = len(self.slots)
         if active < self.size:
             params = _take(params, list(range(active)) + [0] * (self.size - active))
         rows = evaluate_lib.evaluate_length_seeds(graphdef, params, _take(rest, 0), resolved.task,
@@ -215,54 +321,93 @@ class _GroupTrainer:
 
     def boundary(self, s, fetched, at):
         accuracies = self._fit_accuracies() if at.fit else None
-        keep = []
-        for j, r in enumerate(self.active):
+        keep, shown = [], False
+        for j, slot in enumerate(self.slots):
+            if not slot.live:  # holds a place until the step it left the cell's stack at
+                if not (slot.index in self.left and self.left[slot.index] <= s):
+                    keep.append(j)
+                continue
+            r = slot.run
             try:
                 r.book.add([(k, {n: float(v[j]) for n, v in m.items()}) for k, m in fetched])
             except records.NonFiniteError as e:
                 logging.warning("seed %d diverged: %s", int(r.resolved.config.train.seed), e)
-                r.result = e
+                r.result, self.left[slot.index] = e, s
                 continue
             if at.log:
                 last = r.book.log(s)
-                if self.bar is not None and j == 0:
-                    self.bar.set_postfix_str(f"loss={last['loss']:.4f} acc={last['accuracy']:.3f}")
+                if self.bar is not None and not shown:
+                    self.bar.set_postfix_str(loop.train_postfix(last))
+                    shown = True
             fitted = at.fit and loop.record_fit(r.resolved, r.book.record.fit, s, accuracies[j])
             mine = _take(self.state, j) if at.checkpoint or fitted else None  # its own state, when kept
             if mine is not None:
-                r.book.save(s, mine, self.seconds0[r.index] + time.time() - self.t0)
+                r.book.save(s, mine, r.book.record.train_seconds + time.time() - self.t0[slot.index])
+                self.t0[slot.index] = time.time()
             if fitted:
-                r.state, r.steps_trained = mine, s
+                r.state, r.steps_trained, self.left[slot.index] = mine, s, s
             else:
                 keep.append(j)
-        if len(keep) < len(self.active):
-            self.active = [self.active[j] for j in keep]
-            if self.active:
+        if len(keep) < len(self.slots):
+            self.slots = [self.slots[j] for j in keep]
+            if self.slots:
                 self.state, self.roots = _take((self.state, self.roots), keep)
-        return not self.active
+        return not any(slot.live for slot in self.slots)
 
 
-def _train_group(group, graphdef, start, max_steps_this_run, main) -> None:
-    """Train the runs of ``group`` (equal start step) together; sets each run's final state."""
-    config = group[0].resolved.config
+def _train_cell(cell, runs, complete, graphdef, configs, max_steps_this_run, main) -> None:
+    """Train the runs of ``cell`` (config indices, in stack order) together; sets each run's final
+    state (``state``, ``steps_trained``), ``result`` None when stopped early or its NonFiniteError.
+
+    Runs that resume from different steps train from the earliest one in the
+    stack of the uninterrupted cell (see :class:`_GroupTrainer`): the others
+    join it at their own steps. ``complete``: ``{index: rows}`` of the cell's
+    runs finished before (they hold their places until the step they left at).
+    """
+    members = [runs[i] for i in cell if i in runs]
+    config = members[0].resolved.config
     steps = int(config.train.steps)
+    for r in members:
+        r.book.record.cell = [int(configs[i].train.seed) for i in cell]
+    left = {i: _left_at(rows, config) for i, rows in complete.items()}
+    for r in members:
+        if r.book.record.fit.fitted:  # fitted before: trains no more, leaves where it fitted
+            left[r.index] = r.book.start
+        r.steps_trained = r.book.start
+    trainees = [r for r in members if r.index not in left and r.book.start < steps]
+    if not trainees:
+        return
+    start = min(r.book.start for r in trainees)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
+    joins = sorted({r.book.start for r in trainees if start < r.book.start < end})
     bar = progress_lib.progress(steps, start, main and bool(config.train.progress) and end > start)
-    trainer = _GroupTrainer(group, graphdef, bar=bar)
-    logging.info("training seeds %s together (steps %d to %d)",
-                 [int(r.resolved.config.train.seed) for r in group], start, end)
+    trainer = _GroupTrainer(cell, runs, graphdef, left, bar=bar)
+    logging.info("training seeds %s together (steps %d to %d)", [int(r.resolved.config.train.seed)
+                                                                 for r in trainees], start, end)
+    t = start
     try:
-        last = steploop.train(trainer, start=start, schedule=steploop.Schedule.of(config, end), bar=bar)
+        while t < end:
+            trainer.arrange(t, configs)
+            phase_end = min([j for j in joins if j > t] + [end])
+            last = steploop.train(trainer, start=t, schedule=_phase(config, phase_end, end), bar=bar)
+            if last < phase_end:  # every trained seed left the stack: on at the next one's start
+                t = min([j for j in joins if j > last] + [end])
+                if t == end:
+                    t = last
+                    break
+            else:
+                t = phase_end
     finally:
         if bar is not None:
             bar.close()
-        for r in group:
-            r.book.close()
-    if last < steps and trainer.active:
-        logging.info("stopped after step %d of %d; rerun with the same workdirs to resume", last, steps)
-        for r in trainer.active:
-            r.result = None
-            r.state = None
-        return
-    for j, r in enumerate(trainer.active):
-        r.state, r.steps_trained = _take(trainer.state, j), last
+    live = [(j, slot.run) for j, slot in enumerate(trainer.slots) if slot.live]
+    if t < steps and live:
+        logging.info("stopped after step %d of %d; rerun with the same workdirs to resume", t, steps)
+    for j, r in live:
+        if t < steps:
+            r.result, r.state = None, None
+        else:
+            r.state, r.steps_trained = _take(trainer.state, j), t
+    for r in trainees:
+        if r.book.start >= end and r.book.start < steps:  # did not reach its start in this process
+            r.result, r.state = None, None

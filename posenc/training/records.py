@@ -50,16 +50,24 @@ class CheckpointRecord:
     window: list = dataclasses.field(default_factory=list)  # [(step, host metrics)] since the last log
     train_seconds: float = 0.0
     fit: FitState = dataclasses.field(default_factory=FitState)
+    # The train.seed values of the seeds trained together in one vmapped stack from the start
+    # (posenc.training.multiseed), None for a run trained on its own. A resumed group rebuilds the
+    # stack of an uninterrupted one from it (the same compiled program: the same rounding).
+    cell: list | None = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["cell"] is None:  # the record of a run on its own, as before the field existed
+            del d["cell"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "CheckpointRecord":
         return cls(step=int(d.get("step", 0)), metrics=dict(d.get("metrics", {})),
                    window=[(int(k), dict(m)) for k, m in d.get("window", [])],
                    train_seconds=float(d.get("train_seconds", 0.0)),
-                   fit=FitState(**d.get("fit", {})))
+                   fit=FitState(**d.get("fit", {})),
+                   cell=None if d.get("cell") is None else [int(x) for x in d["cell"]])
 
 
 def tensorboard_writer(config, workdir: str):
