@@ -55,20 +55,15 @@ def describe(row: dict) -> str:
     return "; ".join(parts + [f"loss={_fmt(row['loss'])}"])
 
 
-def _row_key(row: dict) -> tuple:
-    # The points of an evaluation sweep share (config_hash, eval_variant, eval_length).
-    return (*results.row_key(row), results.canonical_json(row.get("sweep")))
-
-
 def write_rows(workdir: str, rows: list[dict]) -> None:
     """Merge ``rows`` into ``workdir/results.jsonl`` (atomically; process 0 only), one row per key.
 
-    Key: :func:`results.row_key` and the row's ``sweep`` point; new rows win.
+    Key: :func:`results.row_key` (with the row's ``sweep`` point); new rows win.
     """
     path = os.path.join(workdir, "results.jsonl")
     if _main():
-        merged = {_row_key(r): r for r in results.read_jsonl(path)}
-        merged.update((_row_key(r), r) for r in rows)
+        merged = {results.row_key(r): r for r in results.read_jsonl(path)}
+        merged.update((results.row_key(r), r) for r in rows)
         results.write_jsonl(path, list(merged.values()))
 
 
