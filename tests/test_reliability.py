@@ -341,17 +341,12 @@ class _Killed(BaseException):
     """Stands for a SIGKILL in the process (the files are those it leaves: checkpoints are synchronous)."""
 
 
-def _configs(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_config", os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _alibi_cell():
     """configs/compare.py:smoke's alibi cell: seeds 0 and 1 vmapped together, 8 steps, checkpoints at 4
     and 8, rows at lengths 8 and 16."""
-    c = _configs("compare").get_config("smoke")
+    from configs import compare
+
+    c = compare.get_config("smoke")
     c.grid.positions = ("alibi",)
     assert c.grid.vmap_seeds and c.grid.seeds == (0, 1)
     return c
@@ -412,7 +407,9 @@ def test_a_seed_restored_fitted_trains_no_more_in_a_resumed_cell(tmp_path, monke
     from posenc.training import loop, multiseed
 
     def config(seed):
-        c = _configs("default").get_config("tiny")
+        from configs import default
+
+        c = default.get_config("tiny")
         c.train.update(steps=12, log_every=4, checkpoint_every=4, fit_check_every=4, fit_accuracy=0.5, seed=seed)
         c.eval.lengths = (16,)
         return c
