@@ -1,15 +1,19 @@
 """Greedy decoding in one compiled loop (posenc.training.decode) equals a Python loop of cached
-decode calls; decoded answers agree with teacher-forced argmax where the model is right."""
+decode calls; decoded answers agree with teacher-forced argmax where the model is right; the
+evaluation decoder (exact-match shortcut, row groups, prefill pieces, growing caches) gives the
+answers of the decoder before it (one prefill and one loop over the whole answer span)."""
 
-import helpers
+import importlib.util
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from posenc.training import decode
-from posenc.training import eval_step
+import helpers
+from posenc.training import decode, eval_step
 
 B, P, A = 3, 5, 6
 
@@ -115,11 +119,18 @@ def test_eval_set_correctness_of_a_task():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config("tiny")
-    c.eval.update(batch_size=4, num_batches=2, max_tokens_per_step=32)  # 2 rows per decode
+    c.eval.update(batch_size=4, num_batches=2, max_tokens_per_step=32)  # 2 rows per forward
     r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
-    correct, mask = decode.eval_correctness(model, r.task, r.config, 16)
+    stats = {}
+    correct, mask = decode.eval_correctness(model, r.task, r.config, 16, stats=stats)
     assert correct.shape == mask.shape == (8, 16)
+    # the memory bound splits the teacher-forced forwards, not the decoding: every row of a batch
+    # in one loop (a step holds one token per row), which ends at the last answer token
+    assert stats["forced_rows_per_forward"] == 2
+    assert [g["rows"] for g in stats["groups"]] == [4] * (stats["decoded_rows"] // 4) and stats["decoded_rows"]
+    last = max(np.flatnonzero(row).max() for row in mask)
+    assert max(g["stop"] for g in stats["groups"]) == last + 1 < 16
     n = r.task.max_size(16)  # copy: every eval example at the largest size, an answer of n tokens
     assert (mask.sum(axis=1) == n).all() and not correct[~mask].any()
     # the same examples as a direct decode of the evaluation batches
@@ -127,3 +138,166 @@ def test_eval_set_correctness_of_a_task():
     batch, _ = eval_step.eval_batch(r.task, r.config, key, 4, 16)
     direct, _ = decode.answer_correctness(model, batch)
     np.testing.assert_array_equal(correct[4:], direct)
+
+
+# -- the evaluation decoder against the decoder before it ---------------------------------------------
+
+
+def _old_forced(graphdef, state, inputs, mask, positions, *, start, end):
+    """The decoder before the shortcut and the segments: every row prefilled up to the batch's first
+    answer token, then one compiled loop to the batch's last, answers fed back."""
+    model = nnx.merge(graphdef, state)
+    batch, length = inputs.shape
+    cache = model.init_cache(batch, end)
+    logits, cache = model.decode(inputs[:, :start], cache, decode._slice(positions, 0, start))
+    token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+    out = jnp.full((batch, length), -1, jnp.int32).at[:, start - 1].set(token)
+
+    def body(t, carry):
+        cache, token, out = carry
+        given = jax.lax.dynamic_index_in_dim(inputs, t, axis=1, keepdims=False)
+        answer = jax.lax.dynamic_index_in_dim(mask, t - 1, axis=1, keepdims=False) > 0
+        logits, cache = model.decode(jnp.where(answer, token, given)[:, None], cache,
+                                     decode._slice(positions, t, 1))
+        token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        return cache, token, jax.lax.dynamic_update_index_in_dim(out, token, t, axis=1)
+
+    return jax.lax.fori_loop(start, end, body, (cache, token, out))[2]
+
+
+_OLD = jax.jit(_old_forced, static_argnames=("start", "end"))
+
+
+def old_decoding(model, batch, positions=None):
+    """``(correct, predictions)`` of the decoder before (reference)."""
+    mask = np.asarray(batch["mask"]) > 0
+    start, end = decode.answer_span(mask)
+    graphdef, state = nnx.split(model)
+    predicted = np.asarray(_OLD(graphdef, state, jnp.asarray(batch["inputs"], jnp.int32),
+                                jnp.asarray(mask, jnp.int32), positions, start=start, end=end))
+    return (predicted == np.asarray(batch["targets"])) & mask, predicted
+
+
+def engine(model, batch, positions=None, *, group, rows, max_tokens, stats):
+    """The evaluation decoder on one batch with its knobs: rows decoded together, rows per
+    teacher-forced forward, tokens per forward."""
+    data = decode._make_set([(batch, positions)])
+    graphdef, state = nnx.split(model)
+    (correct,) = decode._run(graphdef, [(state,)], decode._single(graphdef, state), data, group=group,
+                             rows=rows, max_tokens=max_tokens, stats=stats)
+    return correct
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "fox"])
+def test_shortcut_decodes_only_wrong_rows_from_their_first_error(kind, monkeypatch):
+    """Rows right at every answer token are not decoded; the others from their first error on (in
+    groups sorted by it, each prefilled up to its earliest error in pieces, its cache grown as it
+    decodes); the answers are those of the decoder before, for rows all right, wrong from the first
+    token, wrong late, wrong in the middle of answers interleaved with given tokens, and a row
+    without answers."""
+    monkeypatch.setattr(decode, "MIN_PREFILL", 0)
+    monkeypatch.setattr(decode, "CACHE_GRID", 4)  # cache sizes 4, 6, 8, 12, 16, 23
+    model = helpers.decoder(kind, perturb=0.5)
+    B, L = 8, 24
+    inputs = np.asarray(helpers.tokens(B, L, seed=3))
+    mask = np.zeros((B, L), np.float32)
+    for row, answers in enumerate([range(8, 16), range(8, 16), range(5, 13), range(10, 21), [6, 7, 12, 13, 18],
+                                   range(14, 23), range(3, 10), []]):
+        mask[row, list(answers)] = 1.0
+    batch = {"inputs": inputs, "targets": np.zeros_like(inputs), "mask": mask}
+    _, predicted = old_decoding(model, batch)  # what decoding reads does not depend on the targets
+    targets = np.where(mask > 0, predicted, 0)  # every answer token right ...
+    first = {r: int(np.flatnonzero(mask[r])[0]) for r in range(7)}
+    targets[2, first[2]] += 1  # ... but the first of row 2,
+    targets[3, 20] += 1  # the last of row 3,
+    targets[4, 12] += 1  # one in the middle of row 4 (answers 6 7 . . . . 12 13 . . . . 18)
+    targets[5] = np.where(mask[5] > 0, predicted[5] + 1, 0)  # and all of row 5
+    batch["targets"] = targets % 16
+    expected, _ = old_decoding(model, batch)
+    np.testing.assert_array_equal(expected, (predicted == batch["targets"]) & (mask > 0))
+    assert expected[[0, 1, 6]][mask[[0, 1, 6]] > 0].all() and not expected[5].any()
+    stats = {}
+    correct = engine(model, batch, group=2, rows=4, max_tokens=8, stats=stats)  # prefill pieces of 4 tokens
+    np.testing.assert_array_equal(correct, expected)
+    # rows 2, 4, 5, 3 (first errors 5, 12, 14, 20) are decoded, two at a time: from the piece holding
+    # the group's first error to its last answer token
+    assert stats["decoded_rows"] == 4
+    assert [(g["rows"], g["start"], g["stop"]) for g in stats["groups"]] == [(2, 4, 19), (2, 12, 23)]
+    assert stats["prefill_pieces"] == 1 + 3 and stats["steps"] == 15 + 11
+    assert len(stats["cache_sizes"]) > 2  # the cache grew as the rows were decoded
+    # the public entry point (one group, no memory bound) gives the same answers
+    correct, m = decode.answer_correctness(model, batch)
+    np.testing.assert_array_equal(correct, expected)
+    np.testing.assert_array_equal(m, mask > 0)
+
+
+def test_shortcut_with_explicit_and_per_example_positions(monkeypatch):
+    """Positions shared by every row (rotated once per step) and positions of each row."""
+    monkeypatch.setattr(decode, "MIN_PREFILL", 0)
+    model = helpers.decoder("rope", perturb=0.5)
+    B, L = 4, 16
+    inputs = np.asarray(helpers.tokens(B, L, seed=5))
+    mask = np.zeros((B, L), np.float32)
+    mask[:, 6:14] = 1.0
+    mask[1, 9:] = 0.0
+    for positions in (7 + 3 * jnp.arange(L), 100 + 2 * jnp.arange(L)[None] + 5 * jnp.arange(B)[:, None]):
+        batch = {"inputs": inputs, "targets": np.zeros_like(inputs), "mask": mask}
+        _, predicted = old_decoding(model, batch, positions)
+        batch["targets"] = np.where(mask > 0, predicted, 0)
+        batch["targets"][0, 10] += 1  # row 0 wrong at its 5th answer token, the others right
+        expected, _ = old_decoding(model, batch, positions)
+        assert expected[mask > 0].sum() == mask.sum() - 1
+        stats = {}
+        correct = engine(model, batch, positions, group=4, rows=4, max_tokens=4, stats=stats)
+        np.testing.assert_array_equal(correct, expected)
+        assert stats["decoded_rows"] == 1 and stats["groups"][0]["start"] == 8  # pieces of 4 tokens
+
+
+def _task(arg):
+    from posenc.training import prepare
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(root, "configs", "default.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config(arg)
+    c.eval.update(batch_size=4, num_batches=2, max_tokens_per_step=32)
+    return prepare.resolve(c)
+
+
+@pytest.mark.parametrize("arg", ["tiny", "tiny,mqar", "tiny,randomized"])
+def test_eval_set_decoding_equals_the_decoder_before(arg, monkeypatch):
+    """copy; mqar (answers spread between given tokens); randomized positions (each batch its own);
+    the set's rows regrouped across batches, prefilled in pieces within the memory bound."""
+    from posenc.model import Decoder
+    from posenc.training import evaluate
+
+    monkeypatch.setattr(decode, "MIN_PREFILL", 0)
+    monkeypatch.setattr(decode, "CACHE_GRID", 8)
+    r = _task(arg)
+    model = Decoder(r.spec, rngs=nnx.Rngs(1))
+    helpers.perturb_params(model, jax.random.key(7), 0.3)
+    n = 32
+    plan = evaluate.plan_length(r.task, r.config, n)
+    stats = {}
+    correct, mask = decode.eval_correctness(model, r.task, r.config, n, min_size=plan.min_size, stats=stats)
+    root = jax.random.fold_in(jax.random.key(int(r.config.eval.seed)), n)
+    expected = []
+    for i in range(2):
+        batch, positions = eval_step.eval_batch(r.task, r.config, jax.random.fold_in(root, i), 4, n,
+                                                min_size=plan.min_size)
+        expected.append(old_decoding(model, batch, positions)[0])
+    np.testing.assert_array_equal(correct, np.concatenate(expected))
+    assert mask.sum() > 0 and correct.sum() < mask.sum() and (correct.sum() > 0 or arg == "tiny,mqar")
+    assert stats["prefill_pieces"] > 0 and all(g["piece"] * g["size"] <= 32 for g in stats["groups"])
+    if arg == "tiny":  # two models of one graph decoded as a seed group
+        from posenc.training import evaluate as ev
+
+        other = Decoder(r.spec, rngs=nnx.Rngs(2))
+        helpers.perturb_params(other, jax.random.key(8), 0.3)
+        graphdef, params, rest = ev.split_params([model, other])
+        together = decode.eval_correctness_seeds(graphdef, params, rest, r.task, r.config, n,
+                                                 min_size=plan.min_size)
+        np.testing.assert_array_equal(together[0][0], correct)
+        alone, _ = decode.eval_correctness(other, r.task, r.config, n, min_size=plan.min_size)
+        np.testing.assert_array_equal(together[1][0], alone)

@@ -1,11 +1,14 @@
 """KV cache: a plain pytree of arrays (no nnx.Variable), one k/v buffer per layer.
 
-Keys are cached after the projection and QK-norm but before the encoding's
-query/key transform (rotation, xPos scaling). Every decoding step rotates
-the whole valid cache with the frequencies of the current length. For the
-static encodings this gives the same keys as rotating once; for the dynamic
-RoPE kinds ("dynamic", "dynamic_yarn") it means the logits of step t equal a
-full forward pass over the prefix of length t + 1. Hugging Face instead keeps
+Keys whose transform depends on their own position only (RoPE with a static
+scaling: ``Encoding.static_key``) are cached rotated, once, when written: a
+decoding step rotates its own tokens, not the whole cache (which cost about
+two thirds of a step). Other keys are cached after the projection and
+QK-norm but before the encoding's query/key transform (xPos scaling, a
+remapped RoPE, QK-norm after RoPE), and every decoding step transforms the
+whole valid cache with the frequencies of the current length. For the
+dynamic RoPE kinds ("dynamic", "dynamic_yarn") this means the logits of step
+t equal a full forward pass over the prefix of length t + 1. Hugging Face instead keeps
 keys rotated under the base in force when they were written ("stale" keys);
 that behaviour is not reproduced here (a documented difference).
 

@@ -125,7 +125,7 @@ from flax import nnx
 
 from posenc.model import options as options_lib
 
-ENCODINGS: dict[str, type["Encoding"]] = {}
+ENCODINGS: dict[str, type[Encoding]] = {}
 
 # Protocol methods and the attach point each stands for (tables, attention's fast path).
 ATTACH_POINTS = {
@@ -173,7 +173,7 @@ class Encoding(nnx.Module):
 
     def __init__(self, options: dict, *, d_model: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, layer_index: int = 0, num_layers: int = 1, rngs: nnx.Rngs,
-                 first: "Encoding | None" = None):
+                 first: Encoding | None = None):
         for key, value in options.items():
             setattr(self, key, value)
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
@@ -181,7 +181,7 @@ class Encoding(nnx.Module):
         self.setup(rngs, first)
 
     # -- declaration ------------------------------------------------------------------
-    def setup(self, rngs: nnx.Rngs, first: "Encoding | None") -> None:
+    def setup(self, rngs: nnx.Rngs, first: Encoding | None) -> None:
         """Create the unit's ``nnx.Param``s (called at the end of ``__init__``).
 
         ``first``: the model's first unit of this kind, or None if this is it.
@@ -325,6 +325,12 @@ class Encoding(nnx.Module):
     def qk(self, q, k, q_positions, k_positions, *, seq_len):
         return (self.query(q, q_positions, seq_len=seq_len),
                 self.key(k, k_positions, seq_len=seq_len))
+
+    def static_key(self) -> bool:
+        """Whether ``key`` depends on the key and its own position only (not on ``seq_len``, the
+        queries or later tokens) and ``qk`` is ``query`` then ``key``: decoding then caches keys
+        transformed once, when written, instead of transforming the whole cache at every step."""
+        return False
 
     def bias(self, q_positions, k_positions):
         return None

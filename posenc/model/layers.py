@@ -205,13 +205,16 @@ class Attention(nnx.Module):
         q, k, v = self.project(x)
         enc = self.encoding
         q, k, v, feats, state = enc.prepare(x, q, k, v, positions, state=entry["state"])
+        rotated = enc.static_key() and not self.qk_norm_after_rope
+        if rotated:  # the cache holds transformed keys: a step transforms its own tokens only
+            k = enc.key(k, positions, seq_len=seq_len)
         ck = cache_lib.write(entry["k"], k, length)
         cv = cache_lib.write(entry["v"], v, length)
         cf = {n: cache_lib.write(entry["features"][n], f, length)
               for n, f in _cached(enc, feats).items()}
         y = self.attend(q, ck.astype(q.dtype), cv.astype(v.dtype), positions, all_positions,
                         seq_len=seq_len, q_offset=length, kv_length=length + x.shape[1],
-                        q_features=feats, k_features=cf)
+                        q_features=feats, k_features=cf, keys_transformed=rotated)
         ck = enc.update_cache(ck, feats, start=length)
         return y, {"k": ck, "v": cv, "features": cf, "state": state}
 
@@ -239,15 +242,19 @@ class Attention(nnx.Module):
         return (q.astype(jnp.float32) * m).astype(q.dtype)
 
     def attend(self, q, k, v, q_positions, k_positions, *, seq_len, q_offset=0, kv_length=None,
-               causal=True, return_stats=False, q_features=None, k_features=None):
+               causal=True, return_stats=False, q_features=None, k_features=None, keys_transformed=False):
         """Rotate with the encoding, scale, attend, project out: -> [B, Lq, D] (, stats).
 
         Positions may have batch 1 (shared by every example); every encoding
-        broadcasts them against the batch of q and k.
+        broadcasts them against the batch of q and k. ``keys_transformed``: ``k``
+        holds keys already through ``Encoding.key`` (a cache of a static key transform).
         """
         enc = self.encoding
         q_features, k_features = q_features or {}, k_features or {}
-        q, k = enc.qk(q, k, q_positions, k_positions, seq_len=seq_len)
+        if keys_transformed:
+            q = enc.query(q, q_positions, seq_len=seq_len)
+        else:
+            q, k = enc.qk(q, k, q_positions, k_positions, seq_len=seq_len)
         if self.qk_norm_after_rope:  # the cache holds the keys before rotation and norm
             q, k = self._qk_norm(q, k)
         kv = k.shape[1] if kv_length is None else kv_length

@@ -20,12 +20,10 @@ import typing
 import jax.numpy as jnp
 import numpy as np
 
-from posenc import checks, dual_chunk, rerope, rope, rope_scaling, self_extend
+from posenc import checks, dual_chunk, rerope, rope, rope_scaling, self_extend, string_shift
 from posenc import sinks as sinks_lib
-from posenc import string_shift
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import (Option, boolean, nonnegative_int, one_of, optional, positive,
-                                  positive_floats)
+from posenc.model.options import Option, boolean, nonnegative_int, one_of, optional, positive, positive_floats
 
 
 class Remap(typing.NamedTuple):
@@ -200,6 +198,11 @@ class RoPE(Encoding):
     @property
     def has_pair_logits(self):
         return self.remap != "none"
+
+    def static_key(self):
+        # a static scaling rotates a key by its own position alone (xPos overrides qk: not static)
+        return (type(self).qk is Encoding.qk and not self.has_pair_logits
+                and self.scaling not in rope_scaling.DEPENDS_ON_SEQ_LEN)
 
     def regions(self, q_positions, k_positions):
         """The remapping's regions (``posenc.remap.Region``) of these positions."""
