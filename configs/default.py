@@ -55,8 +55,9 @@ from posenc import norm_names, tasks
 from posenc.config import overrides
 from posenc.config.schema import unknown_argument
 from posenc.model import ENCODINGS, presets
-from posenc.training.overrides import fields  # noqa: F401  (configs/*.py build variants with it)
 from posenc.training.schema import Run, run_config
+
+fields = overrides.fields  # configs/*.py build their variants with default.fields
 
 
 def _local_size(c) -> int:

@@ -8,7 +8,7 @@ models (the text task), each trained from the same initialisation per seed
 and size. Per run: the eval loss at initialisation and at the end, whether
 training diverged (a NaN / Inf loss or gradient), the max attention logit
 (final and over training) and the output-logit mean. table.md: LR
-sensitivity per variant (the paper's definition, posenc.stability.
+sensitivity per variant (the paper's definition, posenc.diagnostics.
 lr_sensitivity) and the final loss per learning rate.
 
 Args:

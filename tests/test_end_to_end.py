@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from posenc.config import overrides
 from posenc.model import Decoder
-from posenc.training import NonFiniteError, finish, loop, optim, overrides, results, prepare
+from posenc.training import NonFiniteError, finish, loop, optim, prepare, results
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -102,7 +103,8 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
         return chunk
 
     monkeypatch.setattr(step_lib, "train_chunk_fn", poisoned)
-    with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10") as e:
+    with pytest.raises(NonFiniteError,
+                       match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10") as e:
         loop.run(tiny(), str(tmp_path))
     assert e.value.step == 13
     ckpt = Checkpointer(os.path.join(tmp_path, "checkpoints"))
@@ -146,8 +148,8 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
 
 
 def test_grid_expansion_and_overrides():
-    from posenc.experiments import engine
     from helpers import grid_points
+    from posenc.experiments import engine
 
     c = load("compare").get_config("scaling")
     points = {p.fields["variant"]: p.run for p in grid_points(c) if p.run.config.train.seed == 0}

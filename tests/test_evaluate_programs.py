@@ -8,9 +8,9 @@ import jax
 import pytest
 from flax import nnx
 
+from posenc.config import overrides
 from posenc.model import Decoder
-from posenc.training import evaluate, overrides, prepare
-from posenc.training import eval_step
+from posenc.training import eval_step, evaluate, prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

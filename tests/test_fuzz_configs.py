@@ -11,21 +11,22 @@ import collections
 import math
 import os
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from flax import nnx
 from jax import monitoring
 
+import helpers
 from posenc import norm_names, rope, rope_scaling
-from posenc.tasks import TASKS
+from posenc.config import overrides
 from posenc.model import ENCODINGS
 from posenc.model import spec as spec_lib
-from posenc.training import loop, overrides, prepare
+from posenc.tasks import TASKS
+from posenc.training import loop, prepare
 from posenc.training import step as step_lib
 
 SLOW = bool(os.environ.get("POSENC_SLOW"))
@@ -275,7 +276,8 @@ def test_an_unknown_model_field_is_an_error_not_ignored(tmp_path_factory, name):
     if name in BASE.model:
         return
     message = _refused_early(tmp_path_factory.mktemp("bad"), field, 1)
-    assert message.startswith(f"unknown config field '{field}'") and "the fields of model are: attention_block" in message
+    assert (message.startswith(f"unknown config field '{field}'")
+            and "the fields of model are: attention_block" in message)
 
 
 @pytest.mark.parametrize("field", sorted(UNNAMED))

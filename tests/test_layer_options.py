@@ -4,16 +4,16 @@ refused double QK-norm."""
 
 import math
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+import helpers
 from posenc import norms, rope, t5
+from posenc.config import overrides
 from posenc.model import Decoder, ModelSpec, model_config, presets
-from posenc.training import overrides
 
 
 def _cfg(layers, kind="rope", num_layers=4, **model):

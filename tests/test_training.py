@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from posenc.config import overrides
 from posenc.model import Decoder
-from posenc.training import evaluate, loop, optim, overrides, prepare
+from posenc.training import evaluate, loop, optim, prepare
 from posenc.training import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

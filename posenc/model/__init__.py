@@ -19,8 +19,6 @@ from posenc.model.encoding import ENCODINGS, Encoding, register_encoding
 from posenc.model.options import Option
 from posenc.model.spec import ModelSpec
 
-REGISTRY = ENCODINGS  # the name of the registry in earlier releases
-
 
 def validate_config(config, *, max_length=None) -> ModelSpec:
     """The :class:`ModelSpec` of ``config.model``; ValueError naming any bad field.
@@ -41,4 +39,4 @@ def validate_config(config, *, max_length=None) -> ModelSpec:
 
 
 __all__ = ["Decoder", "ENCODINGS", "Encoding", "EncodingCheckError", "ModelSpec", "Option",
-           "REGISTRY", "check_encoding", "model_config", "register_encoding", "validate_config"]
+           "check_encoding", "model_config", "register_encoding", "validate_config"]

@@ -1,7 +1,7 @@
 """Model-family presets: the architecture of a family as dotted ``model.*`` config fields.
 
 ``PRESETS[name]`` is a plain dict ``{"model.field": value}``, applied to a
-config with ``posenc.training.overrides.apply(config, PRESETS[name])``
+config with ``posenc.config.overrides.apply(config, PRESETS[name])``
 (configs/default.py's ``:gemma3`` etc.) and the starting point of
 ``posenc.hf`` for a checkpoint of the family, which then sets the
 checkpoint's own sizes, RoPE scaling, window and the exact layer pattern.

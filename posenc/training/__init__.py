@@ -12,15 +12,14 @@ bookkeeping), :mod:`~posenc.training.finish` (a run's result rows),
 :mod:`~posenc.training.step` (jitted functional steps),
 :mod:`~posenc.training.optim`, :mod:`~posenc.training.checkpoint` (Orbax),
 :mod:`~posenc.training.evaluate` (length evaluation),
-:mod:`posenc.config.overrides` (dotted-field overrides, also importable as ``posenc.training.overrides``),
 :mod:`~posenc.training.results` (rows, hashes, atomic JSONL) and
 :mod:`~posenc.training.report` (table.md and plots).
 """
 
 from posenc.training.loop import run
+from posenc.training.prepare import ConfigError, Resolved, resolve
 from posenc.training.records import NonFiniteError
 from posenc.training.results import config_hash, read_jsonl, write_jsonl
-from posenc.training.prepare import ConfigError, Resolved, resolve
 
 __all__ = ["run", "resolve", "Resolved", "ConfigError", "NonFiniteError", "config_hash",
            "read_jsonl", "write_jsonl"]
