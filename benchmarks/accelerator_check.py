@@ -19,7 +19,7 @@ where the budget cuts):
 2. environment: every library's version; below the versions ``pyproject.toml``
    requires, the check stops there with one line saying which (exit 2);
 3. tests: ``pytest -m accelerator`` (compiled kernels vs the XLA path);
-4. train: ``experiments.benchmark`` at ``configs/benchmark.py:G`` for rope
+4. train: ``benchmarks.benchmark`` at ``benchmarks/cases.py:G`` for rope
    and alibi (train tokens/s, model FLOP utilisation of the chip's bf16
    peak), each followed by its PyTorch peers on the same GPU
    (``benchmarks/torch_peer.py``: x-transformers with SDPA flash for RoPE,
@@ -267,7 +267,7 @@ class Check:
         return [f"--config.train.batch_size={self.args.batch}"] if self.args.batch else []
 
     def _bench(self, stage, extra, cap):
-        cmd = [sys.executable, "-m", "experiments.benchmark", "--config=configs/benchmark.py:G",
+        cmd = [sys.executable, "-m", "benchmarks.benchmark", "--config=benchmarks/cases.py:G",
                *self._overrides(), *extra]
         _, rows, _ = self.run(stage, cmd, cap=cap, need=20)
         return rows

@@ -19,7 +19,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-H200_BF16_PEAK = 989.4e12  # dense, no sparsity (the data sheet; experiments.benchmark.CHIP_BF16_PEAK)
+H200_BF16_PEAK = 989.4e12  # dense, no sparsity (the data sheet; benchmarks.benchmark.CHIP_BF16_PEAK)
 MFU = {"train": 0.35, "addition": 0.15, "eval": 0.30}  # assumed shares of the peak
 # Seconds that do not scale with FLOPs: process start + jax import + compiles (per process).
 FIXED = {"install": 30.0, "environment": 20.0, "tests": 150.0, "train_process": 45.0, "peer_process": 35.0,
@@ -84,7 +84,7 @@ def stages(args) -> list[dict]:
     """The plan's rows: stage, what, flops, h200_s, this_host_s (None where nothing is computed)."""
     from accelerator_check import ADDITION, EVAL_LENGTHS, PEERS, TRAIN_FIRST
 
-    g = _config("configs/benchmark.py:G")
+    g = _config("benchmarks/cases.py:G")
     g_len, g_batch = int(g.task.train_length), int(args.batch or g.train.batch_size)
     g_steps = int(g.bench.steps) + int(g.bench.warmup)
     from posenc import experiments
@@ -108,7 +108,7 @@ def stages(args) -> list[dict]:
     row("tests", "pytest -m accelerator (compile-bound)", 0, FIXED["tests"])
     def train(stage, positions):
         for position in positions:
-            cfg = _config("configs/benchmark.py:G", [("model.position.kind", position)])
+            cfg = _config("benchmarks/cases.py:G", [("model.position.kind", position)])
             flops = _flops_per_token(cfg, g_len) * g_len * g_batch * g_steps
             peers = len(PEERS.get(position, ()))
             row(stage, f"case G {position}: {g_steps} steps of {g_batch} x {g_len} + {peers} peer(s)",
@@ -123,7 +123,7 @@ def stages(args) -> list[dict]:
     train("train_more", args.positions[TRAIN_FIRST:])
     for length in EVAL_LENGTHS:
         for position in args.positions:
-            cfg = _config("configs/benchmark.py:G", [("model.position.kind", position)])
+            cfg = _config("benchmarks/cases.py:G", [("model.position.kind", position)])
             # a forward is a third of a training step's FLOPs
             row("eval", f"case G {position} forward at {length} tokens",
                 _flops_per_token(cfg, length) * length / 3, FIXED["eval_process"], MFU["eval"])

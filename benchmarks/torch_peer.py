@@ -170,7 +170,7 @@ def main():
         y = torch.randint(0, a.vocab, (1, a.eval_seq), device=a.device)
         with torch.inference_mode(), torch.autocast(a.device.split(":")[0], dtype=dtype,
                                                     enabled=a.dtype == "bf16"):
-            for n in range(2):  # a warm-up (kernels, block mask), then the timed pass
+            for _ in range(2):  # a warm-up (kernels, block mask), then the timed pass
                 _sync(a.device)
                 t = time.perf_counter()
                 model(y)

@@ -19,7 +19,8 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
                                       "Number of processes (default $JAX_NUM_PROCESSES or auto-detected).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None,
-                                   "This process's id in [0, num_processes) (default $JAX_PROCESS_ID or auto-detected).")
+                                   "This process's id in [0, num_processes) "
+                                   "(default $JAX_PROCESS_ID or auto-detected).")
 _PLUGINS = flags.DEFINE_list(
     "plugins", [], "Comma-separated Python modules to import first (on PYTHONPATH or the working "
     "directory), e.g. your own encodings registered with posenc.model.register_encoding. "

@@ -1,4 +1,4 @@
-"""experiments.pinning: XLA:CPU's worker threads pinned to one CPU each, and given their affinity back."""
+"""benchmarks.pinning: XLA:CPU's worker threads pinned to one CPU each, and given their affinity back."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import pinning
+from benchmarks import pinning
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"),
                            reason="needs Linux thread affinity")
