@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def is_int(value) -> bool:

@@ -17,7 +17,7 @@ import math
 import os
 import re
 import tempfile
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 _TEMP = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
 

@@ -39,8 +39,8 @@ import numpy as np
 from flax import nnx
 
 from posenc import hf_families
-from posenc.model import Decoder, ModelSpec, model_config
 from posenc.config import overrides as overrides_lib
+from posenc.model import Decoder, ModelSpec, model_config
 
 
 def _read_config(model_dir) -> dict:

@@ -10,7 +10,7 @@ cannot express is refused by name (:func:`unsupported`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

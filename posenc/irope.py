@@ -12,7 +12,6 @@ former name ``nope_temperature``.
 
 from __future__ import annotations
 
-
 from posenc import checks, logit_scale
 
 # The former name: the temperature now lives with the other length-aware logit scalings.

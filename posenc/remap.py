@@ -27,7 +27,8 @@ Float32 holds every integer distance exactly below 2^24.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -65,7 +65,7 @@ LAYOUTS = ("half", "interleaved")
 ANGLES = ("exact", "canonical")
 
 
-def rotary_dim(head_dim, fraction=1.0) -> int:
+def rotary_dim(head_dim: int, fraction: float = 1.0) -> int:
     """Number of rotated head dims: int(head_dim * fraction) (HF partial_rotary_factor).
 
     Raises ValueError unless 0 < fraction <= 1 and the result is even and positive.

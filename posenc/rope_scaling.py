@@ -89,7 +89,7 @@ def _seq_len_value(kind: str, seq_len):
     return int(seq_len)
 
 
-def _check_factors(name: str, values, half: int) -> jax.Array:
+def _check_factors(name: str, values, half: int) -> np.ndarray:
     if values is None:
         raise ValueError(f"kind 'longrope' needs {name} (a sequence of {half} numbers); got None")
     arr = np.asarray(values, dtype=np.float64)

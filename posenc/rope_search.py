@@ -55,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -1,4 +1,5 @@
-"""STRING: shifted rotary position embeddings (An et al. 2025, "Why Does the Effective Context Length of LLMs Fall Short?").
+"""STRING: shifted rotary position embeddings (An et al. 2025,
+"Why Does the Effective Context Length of LLMs Fall Short?").
 
 Training-free (ICLR 2025; official code HKUNLP/STRING,
 ``string_for_llama.py``). Large relative distances are rarely trained, so

@@ -66,7 +66,8 @@ def _check_shapes(q, k, u, v, w_r):
     if u.shape != hd or v.shape != hd:
         raise ValueError(f"u and v must have shape [H, Dh] = {list(hd)}, got {list(u.shape)}, {list(v.shape)}")
     if w_r.ndim != 3 or w_r.shape[1:] != hd or w_r.shape[0] % 2:
-        raise ValueError(f"w_r must have shape [D_r, H, Dh] with D_r even and [H, Dh] = {list(hd)}, got {list(w_r.shape)}")
+        raise ValueError(f"w_r must have shape [D_r, H, Dh] with D_r even and [H, Dh] = {list(hd)}, "
+                         f"got {list(w_r.shape)}")
 
 
 def logits(q, k, q_positions, k_positions, *, u, v, w_r, contiguous: bool = False,

@@ -70,7 +70,8 @@ def region_logits(q, k, regions, inv_freq):
     for r in regions:
         inv = jnp.asarray(inv_freq, jnp.float32) * jnp.float32(r.scale)
         qr, kr = _rotated(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                          jnp.broadcast_to(r.q_positions, q.shape[:1]), jnp.broadcast_to(r.k_positions, k.shape[:1]), inv)
+                          jnp.broadcast_to(r.q_positions, q.shape[:1]), jnp.broadcast_to(r.k_positions, k.shape[:1]),
+                          inv)
         logits = np.asarray(qr, np.float64) @ np.asarray(kr, np.float64).T
         out = np.where(np.asarray(r.mask), logits, out)
     return out

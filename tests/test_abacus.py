@@ -162,7 +162,8 @@ def test_options_are_checked():
         ModelSpec.from_config(_model_cfg)
     with pytest.raises(ValueError, match=r"model.position.abacus.digits must be a non-empty tuple"):
         ModelSpec.from_config(helpers.model_cfg("abacus", position=dict(digits=())))
-    with pytest.raises(ValueError, match=r"unknown model.position.abacus.offset_per .token.; choose one of: batch, example"):
+    with pytest.raises(ValueError,
+                       match=r"unknown model.position.abacus.offset_per .token.; choose one of: batch, example"):
         ModelSpec.from_config(helpers.model_cfg("abacus", position=dict(offset_per="token")))
 
 

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import decoder, tokens
 
 import posenc
+from helpers import decoder, tokens
 from posenc.experiments import analyze, analyze_plots
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from configs import compare
 from helpers import grid_points
-from posenc.experiments import compare_report, engine, findings
 from posenc.config.schema import ConfigError
+from posenc.experiments import compare_report, engine, findings
 
 # what an arm may change besides the encoding: its task-side recipe (coupled ids, index hints) and,
 # with index hints (two tokens per digit, the hint symbols), the token lengths of the same problem

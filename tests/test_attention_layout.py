@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +20,7 @@ import optax
 import pytest
 from flax import nnx
 
+import helpers
 from configs import default
 from posenc import alibi, logit_scale
 from posenc.model import ENCODINGS, Decoder, Encoding, ModelSpec, conformance

@@ -10,9 +10,9 @@ import os
 import subprocess
 
 import pytest
-from helpers import ROOT, study_command
 
 from configs import compare as compare_config
+from helpers import ROOT, study_command
 from posenc import experiments
 from posenc.training import lock, loop
 

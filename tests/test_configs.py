@@ -117,7 +117,8 @@ def test_a_typo_fails_on_the_command_line_in_a_config_file_and_in_code(tmp_path)
     ("model.position.rope.beta_fast", 8.0, r"model.position.rope.beta_fast=8.0 is set, but rope does not use it"),
     ("model.position.t5.num_buckets", 8, r"model.position.t5.num_buckets=8 is set, but no layer uses t5"),
     ("model.norm.mixln_fraction", 0.5, r"model.norm.mixln_fraction=0.5 is set, but only placement 'mixln' uses it"),
-    ("model.position.randomized_per", "token", r"unknown model.position.randomized_per 'token'; choose one of: batch, example"),
+    ("model.position.randomized_per", "token",
+     r"unknown model.position.randomized_per 'token'; choose one of: batch, example"),
     ("train.warmup_steps", 10_000, r"train.warmup_steps must be in \[0, train.steps=5000\]"),
     ("eval.lengths", (), r"eval.lengths must be a non-empty tuple"),
 ])

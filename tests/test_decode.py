@@ -1,13 +1,13 @@
 """KV-cache decoding: prefill + steps give the logits of the full forward pass (scaled RoPE,
 dynamic re-rotation, the cache's pytree and limits; every encoding: tests/test_conformance.py)."""
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+import helpers
 from posenc.model import Decoder, ModelSpec
 
 L, PREFILL, OFFSET, MAX_LEN = 8, 5, 7, 11

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
 
+from helpers import ROOT
 from posenc.config import cli
 from posenc.experiments import fields as fields_doc
 from posenc.training.schema import Run
@@ -59,7 +59,7 @@ def test_every_documented_field_is_settable_from_the_command_line(tmp_path):
         for part in field.split("."):
             got = got[part]
         assert got == node, (field, got, node)
-    for name, rows in fields_doc.encoding_rows().items():
+    for _name, rows in fields_doc.encoding_rows().items():
         for field, _, _ in rows:
             cli.load(spec, [(field, repr(eval_default(rows, field)))], schema=Run)
     corpus = tmp_path / "corpus.txt"

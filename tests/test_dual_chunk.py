@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from remap_checks import check_causal_and_local, check_logits, check_views, decode_rows, draw_shape, official_relative
 
 from posenc import dual_chunk
-from remap_checks import (check_causal_and_local, check_logits, check_views, decode_rows, draw_shape,
-                          official_relative)
 
 MAX_NEW_TOKENS = 512
 

@@ -7,14 +7,14 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, study_command
 
 from configs import compare as compare_config
+from helpers import ROOT, study_command
 from posenc import experiments, files
 from posenc.config.schema import ConfigError
-from posenc.training import lock
 from posenc.experiments import engine
 from posenc.experiments import rows as rows_lib
+from posenc.training import lock
 
 
 @pytest.fixture(scope="module")

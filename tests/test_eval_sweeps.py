@@ -12,7 +12,7 @@ from flax import nnx
 
 from posenc import tasks
 from posenc.model import Decoder
-from posenc.training import evaluate, finish, results, prepare
+from posenc.training import evaluate, finish, prepare, results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,7 @@ from posenc import experiments, rope_search
 from posenc.experiments import engine
 from posenc.experiments import extend as study
 from posenc.model import ModelSpec
-from posenc.training import finetune, longrope, results, prepare
+from posenc.training import finetune, longrope, prepare, results
 
 
 def tiny_config():
@@ -230,7 +230,6 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     import random
 
     from helpers import kill_during_a_point, leftovers, study_command
-
     from posenc.experiments import rows as rows_lib
 
     _, reference = tiny_study

@@ -5,9 +5,9 @@ import os
 import pytest
 
 from configs import compare
-from posenc.experiments import engine, findings
 from helpers import grid_points
 from posenc import placements, tasks
+from posenc.experiments import engine, findings
 from posenc.model import ENCODINGS
 
 
@@ -157,7 +157,8 @@ def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
     assert res["copy"]["nope"]["best"] == "pre" and res["copy"]["nope"]["cells"]["post"]["diverged"] == 1
     assert res["text"]["rope"]["best"] == "post"
     md = findings.interaction_markdown(rows)
-    assert "depends on the encoding, each clear of its runner-up by a paired seed interval: alibi: post, rope: pre" in md
+    assert ("depends on the encoding, each clear of its runner-up by a paired seed interval: "
+            "alibi: post, rope: pre") in md
     assert res["copy"]["rope"]["paired"][:3] == (pytest.approx(0.4), pytest.approx(0.0), 3)
     written = findings.write("interaction", rows, str(tmp_path))
     assert [os.path.basename(p) for p in written] == [

@@ -12,13 +12,21 @@ blocked == dense and causality through gradients.
 
 import math
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_fox import (group_norm_gated_ref, group_norm_ref, logsigmoid, naive_forgetting_attn,
-                      official_bias_init, official_token_shift, sigmoid)
+from test_fox import (
+    group_norm_gated_ref,
+    group_norm_ref,
+    logsigmoid,
+    naive_forgetting_attn,
+    official_bias_init,
+    official_token_shift,
+    sigmoid,
+)
+
+import helpers
 
 B, L, D, H = 2, 10, 32, 4
 DH = D // H

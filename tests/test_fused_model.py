@@ -15,13 +15,13 @@ Tests marked ``accelerator`` run compiled kernels and are skipped on CPU
 
 from __future__ import annotations
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+import helpers
 from posenc.model import ENCODINGS, Decoder, ModelSpec, fused
 from posenc.model.encoding import overrides
 

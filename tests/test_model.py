@@ -4,7 +4,6 @@ import itertools
 import math
 
 import chex
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +11,7 @@ import optax
 import pytest
 from flax import nnx
 
+import helpers
 from posenc import norms
 from posenc.model import ENCODINGS, Decoder, ModelSpec, validate_config
 

@@ -1,4 +1,5 @@
-"""Many-device training on fake CPU devices: data parallel and FSDP match one device; checkpoints move between device counts.
+"""Many-device training on fake CPU devices: data parallel and FSDP match one device; checkpoints
+move between device counts.
 
 JAX fixes the device count when it starts, and the rest of the suite runs on
 one device, so the work happens in two subprocesses of this file
@@ -66,10 +67,8 @@ def _train_steps(config, steps):
     """``steps`` steps of the jitted train step as the loop runs it; (losses, final state, mesh)."""
     import jax
 
-    from posenc.training import loop, sharding
+    from posenc.training import loop, prepare, sharding
     from posenc.training import step as step_lib
-
-    from posenc.training import prepare
 
     r = prepare.resolve(config)
     config, task = r.config, r.task
@@ -109,10 +108,8 @@ def _train_chunk(config, steps):
 
 def _restore(config, directory):
     """The newest checkpoint in ``directory`` restored into this process's (sharded) state."""
-    from posenc.training import sharding
+    from posenc.training import prepare, sharding
     from posenc.training.checkpoint import Checkpointer
-
-    from posenc.training import prepare
 
     r = prepare.resolve(config)
     config = r.config

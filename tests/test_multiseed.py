@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from posenc.training import finish, loop, multiseed, results, prepare
+from posenc.training import finish, loop, multiseed, prepare, results
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
@@ -161,9 +161,9 @@ def test_configs_must_differ_only_in_seed(tmp_path):
 
 
 def test_compare_grid_trains_seeds_together(tmp_path, separate):
+    from helpers import grid_points
     from posenc import experiments
     from posenc.experiments import engine
-    from helpers import grid_points
 
     c = load("compare").get_config("quick")
     c.base = config(0)

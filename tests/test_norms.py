@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc import norms, norm_names
+from posenc import norm_names, norms
 
 D = 8
 

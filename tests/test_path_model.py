@@ -10,12 +10,13 @@ blocked == dense and causality through gradients.
 
 import math
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_path import causal_conv1d_ref, naive_path_attn
+
+import helpers
 
 B, L, D, H, K = 2, 10, 32, 4, 2
 DH = D // H

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import task_checks
 from flax import nnx
 
 import helpers
 import posenc.tasks as tasks
-import task_checks
 from posenc import position_coupling as coupling
 from posenc.model import Decoder, ModelSpec
 from posenc.tasks import EOS, FIRST_SYMBOL, PAD, SEP
@@ -121,9 +121,11 @@ def official_multiplication_scratchpad(inputs, labels, *, reverse_input, reverse
     label_positions_1 += [0] * (sum(map(len, lab_numbers_2)) + len(lab_numbers_2))
     start = starts[1]
     input_positions_2 = [0] * (len(A) + 1) + list(range(start, start + len(B)))[::1 if reverse_input else -1]
-    label_positions_2 = sum(([i] * (len(a) + 1) for a, i in zip(lab_numbers_1, range(start, start + len(lab_numbers_1)))),
+    label_positions_2 = sum(([i] * (len(a) + 1)
+                             for a, i in zip(lab_numbers_1, range(start, start + len(lab_numbers_1)))),
                             start=[])
-    label_positions_2 += sum(([j] * (len(b) + 1) for b, j in zip(lab_numbers_2, range(start, start + len(lab_numbers_2)))),
+    label_positions_2 += sum(([j] * (len(b) + 1)
+                              for b, j in zip(lab_numbers_2, range(start, start + len(lab_numbers_2)))),
                              start=[])
     start = starts[2]
     input_positions_3 = [0] * (len(A) + 1 + len(B))

@@ -91,7 +91,8 @@ def test_rope_bf16_bound(angles, holds):
     qa, qc = (np.moveaxis(v, 1, 2)[:, :, :, None] for v in (qa, qc))  # [B, H, Lq, 1, 8]
     ka, kc = (np.moveaxis(v, 1, 2)[:, :, None] for v in (ka, kc))  # [B, H, 1, Lk, 8]
     exact = np.sum(qa * (ka * np.cos(t) - kc * np.sin(t)) + qc * (kc * np.cos(t) + ka * np.sin(t)), -1)
-    norms = np.linalg.norm(qs, axis=-1).transpose(0, 2, 1)[..., :, None] * np.linalg.norm(ks, axis=-1).transpose(0, 2, 1)[..., None, :]
+    norms = (np.linalg.norm(qs, axis=-1).transpose(0, 2, 1)[..., :, None]
+             * np.linalg.norm(ks, axis=-1).transpose(0, 2, 1)[..., None, :])
     worst = max((np.abs(np.asarray(f(pos + c)) - exact) / norms).max() for c in (0, 65_536, 10**5, 10**6))
     assert (worst <= 2.0**-7) == holds, worst
 
@@ -124,7 +125,8 @@ def test_xpos_pair():
 def test_transformer_xl(contiguous):
     u, v = (unit((H, DH), s) for s in (6, 7))
     w_r = jnp.asarray(RNG.normal(size=(8, H, DH)) / np.sqrt(8), jnp.float32)
-    qp, kp = (QP, KP) if not contiguous else (jnp.array([[4, 5, 6], [9, 10, 11]]), jnp.arange(5)[None] + jnp.array([[2], [7]]))
+    qp, kp = (QP, KP) if not contiguous else (jnp.array([[4, 5, 6], [9, 10, 11]]),
+                                              jnp.arange(5)[None] + jnp.array([[2], [7]]))
 
     @jax.jit
     def f(a, b):

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from posenc import norms, placements, qk_norm, norm_names
+from posenc import norm_names, norms, placements, qk_norm
 from posenc.model import ENCODINGS, Encoding, register_encoding
 from posenc.model import encoding as encoding_lib
 
@@ -117,7 +117,6 @@ def test_a_bias_without_kernel_terms_is_told_once_per_class_when_built_for_an_ac
     import warnings
 
     import helpers
-
     from posenc.model import ModelSpec, fused
     from posenc.model.encoding import NoKernelFormWarning
 
@@ -160,7 +159,7 @@ def test_a_bias_without_kernel_terms_is_told_once_per_class_when_built_for_an_ac
             ENCODINGS.pop(name, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoKernelFormWarning)
-        for name, cls in ENCODINGS.items():  # no built-in is told
+        for _name, cls in ENCODINGS.items():  # no built-in is told
             if cls.__module__.startswith("posenc.model.encodings."):
                 encoding_lib.tell_no_kernel_form(cls)
 

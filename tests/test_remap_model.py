@@ -10,13 +10,13 @@ method's window covers the sequence, and refuse bad options with one line.
 
 import functools
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+import helpers
 from posenc import dual_chunk, rerope, self_extend, sinks, string_shift
 
 L = 13

@@ -190,7 +190,7 @@ def test_task_suite_grids_expand_and_validate():
                 r.config.model.position.randomized
     assert {t for t, _ in grids["chomsky"]} == deletang
     # problem sizes: trained up to 40, evaluated at 40, 80, 160, 320 and 500 (Ruoss et al. 2023)
-    for (name, _), r in grids["chomsky"].items():
+    for (_name, _), r in grids["chomsky"].items():
         assert r.task.max_size(r.config.task.train_length) == 40
         assert [r.task.max_size(n) for n in r.config.eval.lengths] == [40, 80, 160, 320, 500]
     rand = grids["chomsky"][("duplicate_string", "rope_randomized")]

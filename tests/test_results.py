@@ -148,7 +148,8 @@ def test_decoded_metrics_lead_the_table_with_the_teacher_forced_ones_beside():
     assert "| rope | 0.550 [0.000, 1.000] {0.50-0.60} (EM 0.25) |" in md
     assert report.main_metric("copy", rows) == "decoded_accuracy" and report.main_metric("copy", [row()]) == "accuracy"
     agg = report.aggregate(rows + [dict(r, eval_length=32, decoded_accuracy=0.2) for r in rows])
-    assert agg["copy"]["rope"]["metric"] == "decoded_accuracy" and agg["copy"]["rope"]["stat"].mean == pytest.approx(0.2)
+    assert (agg["copy"]["rope"]["metric"] == "decoded_accuracy"
+            and agg["copy"]["rope"]["stat"].mean == pytest.approx(0.2))
 
 
 def test_the_aggregate_weights_each_bin_by_its_sizes():

@@ -266,7 +266,8 @@ def test_exact_logits_are_shift_invariant_to_1e6_and_beyond(m, n, shift, seed):
     # ... and equal the float64 value <q, R_{n-m} k> of unit vectors.
     qn, kn = (np.asarray(v, np.float64) / np.linalg.norm(np.asarray(v, np.float64)) for v in (q, k))
     t = (n - m) * np.asarray(inv, np.float64)
-    want = np.sum(qn[:16] * (kn[:16] * np.cos(t) - kn[16:] * np.sin(t)) + qn[16:] * (kn[16:] * np.cos(t) + kn[:16] * np.sin(t)))
+    want = np.sum(qn[:16] * (kn[:16] * np.cos(t) - kn[16:] * np.sin(t))
+                  + qn[16:] * (kn[16:] * np.cos(t) + kn[:16] * np.sin(t)))
     assert abs(float(s1) - want) <= 1e-5
 
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from remap_checks import check_causal_and_local, check_logits, check_views, decode_rows, draw_shape, official_relative
 
 from posenc import self_extend
-from remap_checks import check_causal_and_local, check_logits, check_views, decode_rows, draw_shape, official_relative
 
 
 def official_prefill(position_ids, group_size_1, group_size_2):

@@ -74,14 +74,16 @@ def test_values_keep_weight_dtype():
 
 
 def test_jit_vmap_grad():
-    f = jax.jit(lambda q, t, w, tv: (shaw.logits(q, t, QP, KP, max_distance=K), shaw.values(w, tv, QP, KP, max_distance=K)))
+    f = jax.jit(lambda q, t, w, tv: (shaw.logits(q, t, QP, KP, max_distance=K),
+                                     shaw.values(w, tv, QP, KP, max_distance=K)))
     lo, va = f(Q, TK, W, TV)
     np.testing.assert_allclose(lo, naive_logits(Q, TK, QP, KP, K), rtol=1e-5, atol=1e-5)
     vm = jax.vmap(lambda q, qp, kp: shaw.logits(q, TK, qp, kp, max_distance=K))(Q, QP, KP)
     np.testing.assert_allclose(vm, lo, rtol=1e-5, atol=1e-5)
 
     def loss(q, t, w, tv):
-        return (shaw.logits(q, t, QP, KP, max_distance=K) ** 2).sum() + (shaw.values(w, tv, QP, KP, max_distance=K) ** 2).sum()
+        return ((shaw.logits(q, t, QP, KP, max_distance=K) ** 2).sum()
+                + (shaw.values(w, tv, QP, KP, max_distance=K) ** 2).sum())
 
     def naive_loss(q, t, w, tv):
         idx = naive_index(QP, KP, K)
@@ -100,7 +102,8 @@ def test_bad_max_distance(k):
 
 
 def test_wrong_table_shapes():
-    with pytest.raises(ValueError, match=r"table_k must have shape \[2 \* max_distance \+ 1, Dh\] = \[5, 5\], got \[4, 5\]"):
+    with pytest.raises(ValueError,
+                       match=r"table_k must have shape \[2 \* max_distance \+ 1, Dh\] = \[5, 5\], got \[4, 5\]"):
         shaw.logits(Q, TK[:4], QP, KP, max_distance=K)
     with pytest.raises(ValueError, match=r"table_k .* = \[5, 5\], got \[5, 4\]"):
         shaw.logits(Q, TK[:, :4], QP, KP, max_distance=K)

@@ -11,11 +11,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from remap_checks import (
+    check_causal_and_local,
+    check_logits,
+    check_views,
+    draw_shape,
+    official_relative,
+    region_logits,
+    rope_np,
+)
 
 from posenc import sinks
-from remap_checks import (check_causal_and_local, check_logits, check_views, draw_shape, official_relative,
-                          region_logits, rope_np)
-
 
 # ---------------------------------------------------------------- StreamingLLM
 

@@ -139,7 +139,6 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     import random
 
     from helpers import kill_during_a_point, leftovers, study_command
-
     from posenc.experiments import rows as rows_lib
 
     _, reference = tiny_study

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from posenc.training import loop, multiseed, results, prepare, steploop
+from posenc.training import loop, multiseed, prepare, results, steploop
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 

@@ -8,12 +8,13 @@ transcription. Registry-wide tests cover training, decoding, blocked == dense an
 
 import math
 
-import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_stickbreaking import logsigmoid, official_ref_fwd
+
+import helpers
 
 B, L, D, H = 2, 9, 32, 4
 DH = D // H

@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from remap_checks import check_causal_and_local, check_logits, check_views, draw_shape, official_relative
 
 from posenc import string_shift
-from remap_checks import (check_causal_and_local, check_logits, check_views, draw_shape,
-                          official_relative)
 
 
 def official_prefill(kv_seq_len, diag_size, local_window):

@@ -12,8 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc.tasks as tasks
-from posenc.tasks import BOS, EOS, FIRST_SYMBOL, PAD, PLUS, SEP
-from posenc.tasks import digits, registry
+from posenc.tasks import BOS, EOS, FIRST_SYMBOL, PAD, PLUS, SEP, digits, registry
 from posenc.tasks.base import Task, compose
 
 LENGTH = 30

@@ -11,9 +11,9 @@ ids are checked against the official code in tests/test_position_coupling.py.
 import jax
 import numpy as np
 import pytest
+import task_checks
 
 import posenc.tasks as tasks
-import task_checks
 from posenc.tasks import BOS, EOS, FIRST_SYMBOL, SEP
 from posenc.tasks.arithmetic import GREATER, PLUS
 

@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 import pytest
+from task_checks import check_task
 
 import posenc.tasks as tasks
 from posenc.tasks import BOS, EOS, FIRST_SYMBOL, SEP
-from task_checks import check_task
 
 LENGTH = 22
 
@@ -128,7 +128,7 @@ def solve_transduction(answer, task, row):
     return len(x), tokens, list(range(s + 1, len(tokens)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def derivations(expr, ops):
     """Top-level splits of ``expr`` in the language of modular_arithmetic_brackets's generator.
 
@@ -280,7 +280,6 @@ def _observed(name):
 def _eval_rows(task, batch_size, length):
     """``batch_size`` rows at the eval size, as (problem symbol names, answer names)."""
     import jax
-
     from task_checks import sequences
 
     seq, mask = sequences(task.batch(jax.random.key(7), batch_size, length, split="eval"))
@@ -304,7 +303,7 @@ def test_bracket_generator_splits_and_operators_follow_the_recursion():
     n = task.max_size(16)
     rows = _eval_rows(task, 360, 16)
     lefts, ops = [], []
-    for problem, answer in rows:
+    for problem, _answer in rows:
         expr = "".join(problem)
         splits = derivations(expr, "+-*")
         lefts.append(splits[0])

@@ -12,11 +12,11 @@ import re
 import jax
 import numpy as np
 import pytest
+from task_checks import check_batch, check_task, sequences
 
 from posenc import tasks
 from posenc.tasks import corpus as corpus_lib
 from posenc.tasks import ruler_text
-from task_checks import check_batch, check_task, sequences
 
 NIAH_TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
                  "I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic "

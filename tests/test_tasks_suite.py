@@ -10,10 +10,10 @@ import re
 import jax
 import numpy as np
 import pytest
+from task_checks import check_batch, check_task, sequences
 
 import posenc.tasks as tasks
 from posenc.tasks import BOS, EOS, FIRST_SYMBOL, SEP, passkey
-from task_checks import check_batch, check_task, sequences
 
 LENGTH = 30
 

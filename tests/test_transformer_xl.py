@@ -43,7 +43,8 @@ def naive(q, k, qp, kp, u, v, w_r):
 def test_relative_embedding_values():
     e = txl.relative_embedding(jnp.array([0, 1, -3]), 4)
     inv = np.array([1.0, 1e-2])
-    want = np.concatenate([np.sin(np.array([0, 1, -3])[:, None] * inv), np.cos(np.array([0, 1, -3])[:, None] * inv)], -1)
+    want = np.concatenate([np.sin(np.array([0, 1, -3])[:, None] * inv),
+                           np.cos(np.array([0, 1, -3])[:, None] * inv)], -1)
     np.testing.assert_allclose(e, want, rtol=1e-6, atol=1e-7)
     assert e.shape == (3, 4) and e.dtype == jnp.float32
     with pytest.raises(ValueError, match="dim must be a positive even integer, got 5"):
@@ -136,9 +137,8 @@ def test_jit_vmap_grad():
     vm = jax.vmap(lambda q, k, qp, kp: txl.logits(q, k, qp, kp, u=U, v=V, w_r=WR))(Q, KEYS, QP, KP)
     np.testing.assert_allclose(vm, naive(Q, KEYS, QP, KP, U, V, WR), rtol=1e-4, atol=1e-4)
     for contiguous in (False, True):
-        g = jax.grad(lambda u, v, w: txl.logits(Q, KEYS, QP, KP, u=u, v=v, w_r=w, contiguous=contiguous).sum(), (0, 1, 2))(
-            U, V, WR
-        )
+        g = jax.grad(lambda u, v, w: txl.logits(Q, KEYS, QP, KP, u=u, v=v, w_r=w, contiguous=contiguous).sum(),
+                     (0, 1, 2))(U, V, WR)
         d = np.asarray(QP)[..., :, None] - np.asarray(KP)[..., None, :]
         inv = 1e4 ** (-np.arange(0, DR, 2) / DR)
         r = np.concatenate([np.sin(d[..., None] * inv), np.cos(d[..., None] * inv)], -1)

@@ -142,8 +142,9 @@ def test_decoding_after_100k_cached_keys_matches_torchscale():
 
 
 def test_pair_offset_and_max_distance():
+    # (5 + 3) // 2, (12 + 10) // 2
     np.testing.assert_array_equal(xpos.pair_offset(jnp.array([[3, 4, 5], [10, 11, 12]]),
-                                                   jnp.array([[0, 1, 5], [0, 2, 12]])), [4, 11])  # (5 + 3) // 2, (12 + 10) // 2
+                                                   jnp.array([[0, 1, 5], [0, 2, 12]])), [4, 11])
     assert xpos.pair_offset(jnp.arange(64), jnp.arange(64)) == 31  # torchscale: -(-64 // 2) = 32
     big = 2**30 + 5
     assert int(xpos.pair_offset(jnp.array([big]), jnp.array([big + 8]))) == big + 4  # no int32 overflow
@@ -228,7 +229,8 @@ def test_traced_out_of_range_factors_are_nan_never_wrong():
     # the in-range pair (query 60,000, key 0) is right: sum_i zeta_i^(60000/512) (R_m x_1)_i . (R_0 x_0)_i
     xs = np.asarray(x[:, 0], np.float64)
     t = 60_000 * np.asarray(inv, np.float64)
-    rq = np.stack([xs[1, 0::2] * np.cos(t) - xs[1, 1::2] * np.sin(t), xs[1, 1::2] * np.cos(t) + xs[1, 0::2] * np.sin(t)])
+    rq = np.stack([xs[1, 0::2] * np.cos(t) - xs[1, 1::2] * np.sin(t),
+                   xs[1, 1::2] * np.cos(t) + xs[1, 0::2] * np.sin(t)])
     zeta = (np.arange(0, 8, 2) + 3.2) / 11.2
     want = np.sum(zeta ** (60_000 / 512) * (rq[0] * xs[0, 0::2] + rq[1] * xs[0, 1::2]))
     np.testing.assert_allclose(float(jnp.sum(q[1] * k[0])), want, rtol=1e-4)

@@ -18,7 +18,8 @@ of its keys sets a field inside that entry
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 

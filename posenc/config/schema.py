@@ -28,7 +28,8 @@ import ast
 import difflib
 import json
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
@@ -235,7 +236,7 @@ def by_type(name, value, default):
 class Sub:
     """A nested section: ``model = Sub(Model)``."""
 
-    def __init__(self, section: type["Section"], doc: str = ""):
+    def __init__(self, section: type[Section], doc: str = ""):
         self.section, self.doc = section, doc or section.doc()
         self.name = ""
 

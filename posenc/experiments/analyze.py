@@ -292,7 +292,6 @@ def position_metrics(model, inputs, targets, mask, positions=None) -> dict:
     """Mean loss and token accuracy per position over the masked tokens (None where nothing is masked)."""
     import jax
     import numpy as np
-
     from flax import nnx
 
     graphdef, state = nnx.split(model)

@@ -47,7 +47,7 @@ ROWS_FILE = "point.jsonl"
 POLL_SECONDS = 2.0
 CLAIM_WAIT_SECONDS = 5.0  # claim(): how long a process waits for the workdir lock another one holds
 
-STUDIES: dict[str, "Study"] = {}
+STUDIES: dict[str, Study] = {}
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ class Context:
     config: object
     points: list[Point]
     options: dict = dataclasses.field(default_factory=dict)
-    study: "Study | None" = None
+    study: Study | None = None
     missing: list[Point] = dataclasses.field(default_factory=list)  # points without rows (report)
 
     def run_dir(self, point: Point | str) -> str:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from absl import logging
 
@@ -35,6 +36,7 @@ from posenc.config.schema import ConfigError, Field, Section, Sub
 from posenc.experiments import engine, extend_report, tables
 from posenc.model import options as o
 from posenc.training.schema import Run
+
 
 class Method(NamedTuple):
     """One extension method: its posenc.rope scaling, fixed fields and training-free remapping."""
@@ -424,9 +426,8 @@ class Extend(engine.Study):
         """Rows of every retrieval task that fits ``target`` (cached in ``path`` under ``key`` and the task: a
         point resumes without redoing them)."""
         from posenc import files
-        from posenc.training import finetune
-
         from posenc.tasks import registry
+        from posenc.training import finetune
 
         rows = []
         for task in (t for t in tasks if registry.make(t).min_length() <= target):  # the ones that fit

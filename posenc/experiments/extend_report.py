@@ -14,6 +14,7 @@ import numpy as np
 
 from posenc.experiments import figures, stats, tables
 
+
 def _metric(task: str) -> tuple[str, str]:
     """(metric, label): text's loss, every retrieval task's exact match (teacher-forced: the
     answer's every token the argmax with the earlier answer tokens given)."""
@@ -77,7 +78,8 @@ def _mean(values):
 
 
 def write_plots(rows: list[dict], directory: str) -> list[str]:
-    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and per retrieval task extend_<task>.png (passkey: extend_passkey.png)."""
+    """extend_loss_vs_length.png, extend_loss_vs_tokens.png and per retrieval task extend_<task>.png
+    (passkey: extend_passkey.png)."""
     plt = figures.pyplot()
     os.makedirs(directory, exist_ok=True)
     cells, paths = _cells(rows), []

@@ -322,7 +322,8 @@ def size_scores(rows, include_unfitted: bool = False) -> dict:
     "diverged"}``; unfitted runs are left out (``include_unfitted``: kept) and counted.
     """
     out = {}
-    for table, rs in compare_report._by_task(r for r in rows if not r.get("sweep") and not r.get("eval_variant")).items():
+    for table, rs in compare_report._by_task(
+            r for r in rows if not r.get("sweep") and not r.get("eval_variant")).items():
         metric = compare_report.exact_of(compare_report.main_metric(table, rs))
         column, train = compare_report.columns(rs, sizes=True)
         vary = compare_report._vary(rs)

@@ -17,7 +17,7 @@ from absl import logging
 
 from posenc.config import overrides
 from posenc.config.schema import ConfigError
-from posenc.training import finish, loop, multiseed, records, results, prepare
+from posenc.training import finish, loop, multiseed, prepare, records, results
 from posenc.training import schema as run_schema
 
 

@@ -34,7 +34,8 @@ RUN_FIELDS = {
     "steps_trained": "steps actually trained (fewer with fit_accuracy)",
     "fitted": "reached train.fit_accuracy (null: a fixed budget)",
     "steps_to_fit": "the step it fitted at", "fit_accuracy": "validation accuracy at the last fit check",
-    "fit_examples": "the fit check's examples: \"validation\", a stream apart from the reported ones (null: no fit check)",
+    "fit_examples": "the fit check's examples: \"validation\", a stream apart from the reported ones "
+                    "(null: no fit check)",
     "train_loss": "last logged training loss", "train_accuracy": "last logged training accuracy",
     "seeds_trained_together": "seeds vmapped in one step with this one",
     "diverged_at_step": "training stopped on a NaN / Inf here (metrics null)",

@@ -16,8 +16,7 @@ import os
 
 import numpy as np
 
-from posenc import diagnostics
-from posenc import files
+from posenc import diagnostics, files
 from posenc.experiments import figures, stats, tables
 
 

@@ -11,7 +11,6 @@ import collections
 
 from posenc import files
 
-
 # The range of each metric: intervals are clipped to it when printed.
 BOUNDS = {"accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "decoded_accuracy": (0.0, 1.0),
           "decoded_exact_match": (0.0, 1.0), "loss": (0.0, None), "loss_last_L": (0.0, None),

@@ -30,9 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from posenc import checks
-from posenc.kernels import flash_calls
+from posenc.kernels import flash_calls, score_term
 from posenc.kernels import flash_kernels as fk
-from posenc.kernels import score_term
 
 BACKENDS = ("gpu", "tpu")
 DEFAULT_BLOCKS = {"gpu": (64, 64), "tpu": (128, 128), None: (64, 64)}
@@ -46,8 +45,8 @@ TPU_SCOPED_VMEM = {"TPU v5 lite": 16 * MIB, "TPU v5e": 16 * MIB,
 TPU_VMEM_DEFAULT = 16 * MIB
 # Mosaic's scratch beyond the blocks (the tile values it keeps in VMEM), per program at
 # 128 x 128 tiles, scaled by the tile area for larger ones: a base for every kernel (per
-# 128 lanes of the head dim), plus per term (by Term.name) the (forward, dq, dk/dv) bytes at the width it was measured at
-# (T5's 32 buckets, FIRE's 32 hidden units), scaled up linearly for wider terms (widest
+# 128 lanes of the head dim), plus per term (by Term.name) the (forward, dq, dk/dv) bytes at
+# the width it was measured at (T5's 32 buckets, FIRE's 32 hidden units), scaled up linearly for wider terms (widest
 # head or shared array). Upper bounds, rounded up to 64 KiB, of what libtpu 0.0.50.1
 # needed on v5e and v6e (FIRE's dq: 3.8 MiB on v5e, 4.9 MiB on v6e); a term not listed
 # is costed as FIRE, the largest.

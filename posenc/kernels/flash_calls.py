@@ -20,6 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
 # Imported up front although only used for compiled kernels: the interpreter
 # imports the TPU module lazily on first use, which registers config state and
 # changes the trace context, so the first jitted call would be traced twice.
@@ -27,7 +28,6 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
 from posenc.kernels import flash_kernels as fk
-
 
 # ---------------------------------------------------------------- custom VJP
 
@@ -49,7 +49,7 @@ def _flash_bwd(cfg, res, do):
     dk, dv, dkvecs = _backward_dkv(cfg, q, k, v, qpos, kpos, scal, arrays, do, lse, delta)
     grads = []
     kvec_it = iter(dkvecs)
-    for (head, shared, qv, kv), (gh, gs, gq) in zip(arrays, term_grads):
+    for (_head, _shared, _qv, kv), (gh, gs, gq) in zip(arrays, term_grads):
         gk = None if kv is None else next(kvec_it).reshape(kv.shape)  # [B, H, Lk, 1] -> rows
         grads.append((gh, gs, gq, gk))
     return dq, dk, dv, None, None, None, tuple(grads)
@@ -135,7 +135,7 @@ def _backward_dq(cfg, q, k, v, qpos, kpos, scal, arrays, do, lse, delta):
     in_specs = _query_specs(cfg, q, k, qpos, kpos, arrays) + [qblock, row, row]
     out_specs = [qblock]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
-    for head, shared, qv, kv in arrays:
+    for head, shared, qv, _kv in arrays:
         for a in head:  # per-program partial sums, reduced below
             out_specs.append(pl.BlockSpec((None, None, None) + a.shape[1:],
                                           lambda b, h, i: (b, h, i, 0, 0)))
@@ -150,7 +150,7 @@ def _backward_dq(cfg, q, k, v, qpos, kpos, scal, arrays, do, lse, delta):
                  scal, q, k, v, qpos, kpos, *_flat(arrays), do, lse, delta)
     dq, it = outs[0], iter(outs[1:])
     grads = []
-    for head, shared, qv, kv in arrays:
+    for head, shared, qv, _kv in arrays:
         gh = tuple(next(it).sum((0, 2)) for _ in head)
         gs = tuple(next(it).sum((0, 1, 2)) for _ in shared)
         gq = None if qv is None else next(it)
@@ -191,7 +191,7 @@ def _backward_dkv(cfg, q, k, v, qpos, kpos, scal, arrays, do, lse, delta):
     args += [do, rows(lse), rows(delta)]
     out_specs = [kblock, kblock]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    for head, shared, qv, kv in arrays:
+    for _head, _shared, _qv, kv in arrays:
         if kv is not None:
             out_specs.append(kcol())
             out_shape.append(jax.ShapeDtypeStruct((B, H, lkp, 1), jnp.float32))

@@ -36,11 +36,11 @@ and padded entries, where the kernel discards them).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-
 
 
 @jax.tree_util.register_dataclass

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from posenc import checks, fire as fire_lib, kerple as kerple_lib, t5 as t5_lib
+from posenc import checks
+from posenc import fire as fire_lib
+from posenc import kerple as kerple_lib
+from posenc import t5 as t5_lib
 from posenc.kernels.score_term import Term, distance, make, pick, pick2
-
 
 # ---- ALiBi (Press et al. 2021) ----
 

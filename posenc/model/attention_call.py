@@ -95,7 +95,7 @@ class AttentionCall:
         """The layer's span: "full", "window" or "chunk" (``posenc.model.encoding.SPANS``)."""
         return "window" if self.window else "chunk" if self.chunk else "full"
 
-    def replace(self, **changes) -> "AttentionCall":
+    def replace(self, **changes) -> AttentionCall:
         """A copy with ``changes`` (checked like a new call)."""
         return dataclasses.replace(self, **changes)
 

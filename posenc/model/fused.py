@@ -43,7 +43,8 @@ def force_backend(backend: str):
     """Build the model's attention for ``backend`` ("gpu" | "tpu" | "cpu") whatever device this host has.
 
     "cpu" runs the kernel in the Pallas interpreter (exact, slow: for tests on any machine);
-    "gpu" and "tpu" are what the model would trace on such a device. Inside those, ``attention_impl="auto"`` takes the compiled kernel (Triton on "gpu", Mosaic on
+    "gpu" and "tpu" are what the model would trace on such a device. Inside those,
+    ``attention_impl="auto"`` takes the compiled kernel (Triton on "gpu", Mosaic on
     "tpu", never the interpreter), ``dtype="auto"`` resolves to bfloat16 and
     ``supported()`` applies that backend's limits: what the model would trace on such a
     device. For lowering and compiling for an accelerator from a CPU host (``jax.export``

@@ -24,7 +24,8 @@ key or value and the allowed ones; a rule that selects no layer is an error.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from posenc import checks
 from posenc.model import encoding

@@ -59,7 +59,7 @@ class Layout:
                 "chunk": self.chunk if s == "chunk" else 0}
 
     @classmethod
-    def default(cls, num_layers: int) -> "Layout":
+    def default(cls, num_layers: int) -> Layout:
         """Every layer full, QK-norm everywhere, no logit scaling (the config defaults)."""
         d = config_lib.logit_scale_config()
         return cls(spans=("full",) * num_layers, window=0, chunk=0, qk_norm=(True,) * num_layers,

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
 from posenc import checks
-from posenc.model import encoding, fused
 from posenc.model import config as config_lib
+from posenc.model import encoding, fused
 from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
@@ -97,7 +98,7 @@ class ModelSpec:
     layout: layout_lib.Layout | None = None  # per-layer spans, QK-norm, logit scaling (resolved)
 
     @classmethod
-    def from_config(cls, cfg, *, train_length: int | None = None) -> "ModelSpec":
+    def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
         """Validate ``config.model`` and resolve it (see the module docstring).
 
         ``train_length``: the task's training length, which options declared

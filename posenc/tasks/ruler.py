@@ -57,8 +57,19 @@ import numpy as np
 from posenc import checks
 from posenc.tasks import corpus as corpus_lib
 from posenc.tasks.base import WORD, Task, check_int, permutation
-from posenc.tasks.ruler_text import (ADJECTIVES, FILLER, NOUNS, Layout, Plan, digits, distinct, join_row,
-                                     prime_below, uuid4, word_table)
+from posenc.tasks.ruler_text import (
+    ADJECTIVES,
+    FILLER,
+    NOUNS,
+    Layout,
+    Plan,
+    digits,
+    distinct,
+    join_row,
+    prime_below,
+    uuid4,
+    word_table,
+)
 
 TEMPLATE = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
             "I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic "

@@ -43,15 +43,15 @@ import numpy as np
 
 from posenc import checks
 from posenc.tasks.base import WORD, Task, check_int, permutation
-from posenc.tasks.ruler_text import (FILLER, WORDS, Layout, Plan, digits, distinct, letters, prime_below,
-                                     word_table)
+from posenc.tasks.ruler_text import FILLER, WORDS, Layout, Plan, digits, distinct, letters, prime_below, word_table
 
 VT_TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
                "Question: Find all variables that are assigned the value {query} in the text above.")
 VT_ANSWER_PREFIX = (" Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables "
                     "are assgined the value {query}, they are: ")
 CWE_TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
-                "ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?")
+                "ones that appear most often.\n{context}\n"
+                "Question: What are the 10 most common words in the above list?")
 CWE_ANSWER_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
 FWE_TEMPLATE = ("Read the following coded text and track the frequency of each coded word. Find the three most "
                 "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
@@ -99,7 +99,8 @@ class VariableTracking(_Bytes):
     def seq_len(self, n: int) -> int:
         h, c = self.hops, self.chains
         static = len(self.text.replace("{context}", "").replace("{query}", ""))
-        context = n * (len(NOISE) + 1) + c * (len("VAR ABCDE = 12345") + 1 + h * (len("VAR ABCDE = VAR FGHIJ ") + 1)) - 1
+        context = (n * (len(NOISE) + 1)
+                   + c * (len("VAR ABCDE = 12345") + 1 + h * (len("VAR ABCDE = VAR FGHIJ ") + 1)) - 1)
         return static + 2 * 5 + context + 5 * (h + 1) + h
 
     def _plan(self, max_n):
@@ -310,12 +311,12 @@ class FrequentWords(_Bytes):
         return out.build(width)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _code_pool(length: int) -> int:
     return prime_below(26**length)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _smallest_determined(alpha: float) -> int:
     """The smallest n from which ranks 2 > 3 > 4 > 5 always have strictly decreasing counts (and rank 4 >= 1)."""
     z = zeta(alpha)

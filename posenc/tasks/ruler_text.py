@@ -139,7 +139,7 @@ class Plan:
     def __init__(self):
         self.items: list[tuple[str, int, int]] = []
 
-    def add(self, name: str, bound: int, count: int = 1) -> "Plan":
+    def add(self, name: str, bound: int, count: int = 1) -> Plan:
         self.items.append((name, int(bound), int(count)))
         return self
 

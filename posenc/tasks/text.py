@@ -66,8 +66,17 @@ from posenc import checks
 from posenc.tasks import corpus as corpus_lib
 from posenc.tasks.base import check_int, check_split
 from posenc.tasks.corpus import (  # noqa: F401  (re-exported: the stdlib corpus's helpers)
-    DEFAULT_EVAL_FRACTION, DEFAULT_MAX_BYTES, EXCLUDED_DIRS, SEPARATOR, Corpus, build_corpus, file_split,
-    load_corpus, stdlib_files, stdlib_root)
+    DEFAULT_EVAL_FRACTION,
+    DEFAULT_MAX_BYTES,
+    EXCLUDED_DIRS,
+    SEPARATOR,
+    Corpus,
+    build_corpus,
+    file_split,
+    load_corpus,
+    stdlib_files,
+    stdlib_root,
+)
 from posenc.tasks.registry import Registered
 
 DEVICE_LIMIT = 2**28  # bytes: corpora up to this size are copied to the device

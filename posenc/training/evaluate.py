@@ -65,9 +65,9 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
 from posenc.training import decode as decode_lib
+from posenc.training import eval_step as eval_lib
 from posenc.training import prepare
 from posenc.training import sharding as sharding_lib
-from posenc.training import eval_step as eval_lib
 from posenc.training.eval_step import rows_per_step  # noqa: F401  (re-exported)
 
 

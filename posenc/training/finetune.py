@@ -45,7 +45,7 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, records, results, prepare
+from posenc.training import loop, prepare, records, results
 from posenc.training.checkpoint import Checkpointer
 
 

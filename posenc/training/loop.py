@@ -50,7 +50,7 @@ from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
 from posenc.training import lock as lock_lib
-from posenc.training import optim, records, prepare, steploop
+from posenc.training import optim, prepare, records, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib

@@ -58,7 +58,7 @@ from flax import nnx
 
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, records, results, prepare, steploop
+from posenc.training import loop, prepare, records, results, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib

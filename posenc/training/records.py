@@ -62,7 +62,7 @@ class CheckpointRecord:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "CheckpointRecord":
+    def from_json(cls, d: dict) -> CheckpointRecord:
         return cls(step=int(d.get("step", 0)), metrics=dict(d.get("metrics", {})),
                    window=[(int(k), dict(m)) for k, m in d.get("window", [])],
                    train_seconds=float(d.get("train_seconds", 0.0)),

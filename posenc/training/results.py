@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 from posenc import files
 from posenc.files import _clean, read_jsonl, write_json, write_jsonl  # noqa: F401  (re-exported)

@@ -106,7 +106,7 @@ class Schedule:
     per_call: int | str = 1
 
     @classmethod
-    def of(cls, config, end: int) -> "Schedule":
+    def of(cls, config, end: int) -> Schedule:
         train = config.train
         return cls(steps=int(train.steps), end=end, log_every=int(train.log_every),
                    checkpoint_every=int(train.checkpoint_every),

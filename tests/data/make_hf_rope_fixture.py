@@ -5,9 +5,15 @@ Not run by the test suite (it needs torch and transformers):
     /tmp/hf/bin/python tests/data/make_hf_rope_fixture.py
 The fixture was made with transformers 5.24.0 and torch 2.13.0 (CPU).
 """
+import json
 import os
-import json, math, random, numpy as np, torch
+import random
+
+import numpy as np
+import torch
 from transformers import modeling_rope_utils as m
+
+
 class Cfg:
     def __init__(s, rp, head_dim, maxpos):
         s.rope_parameters = rp; s.head_dim = head_dim; s.hidden_size = head_dim * 4; s.num_attention_heads = 4
@@ -20,7 +26,7 @@ def _default(cfg, device=None, seq_len=None):
 fns = {"default": _default, "linear": m._compute_linear_scaling_rope_parameters,
        "dynamic": m._compute_dynamic_ntk_parameters, "yarn": m._compute_yarn_parameters,
        "longrope": m._compute_longrope_parameters, "llama3": m._compute_llama3_parameters}
-for n in range(600):
+for _ in range(600):
     kind = rng.choice(list(fns))
     head_dim = rng.choice([8, 16, 32, 48, 64, 80, 96, 128, 256])
     frac = rng.choice([1.0, 1.0, 0.5, 0.25, 0.75])
@@ -46,7 +52,8 @@ for n in range(600):
         if ms: rp.update(mscale=ms[0], mscale_all_dim=ms[1]); kw.update(mscale=ms[0], mscale_all_dim=ms[1])
         if rng.random() < 0.2: rp["attention_factor"] = 1.3; kw["attention_factor"] = 1.3
     if kind == "longrope":
-        sf = [round(rng.uniform(1, 3), 4) for _ in range(d // 2)]; lf = [round(rng.uniform(1, 60), 4) for _ in range(d // 2)]
+        sf = [round(rng.uniform(1, 3), 4) for _ in range(d // 2)]
+        lf = [round(rng.uniform(1, 60), 4) for _ in range(d // 2)]
         rp.update(short_factor=sf, long_factor=lf); kw.update(short_factor=sf, long_factor=lf)
         seq = rng.choice([None, L // 2, L, L + 1, 4 * L]); kw["seq_len"] = seq
         if rng.random() < 0.2: rp["attention_factor"] = 1.1; kw["attention_factor"] = 1.1
@@ -56,7 +63,7 @@ for n in range(600):
     cfg = Cfg(rp, head_dim, L if kind == "dynamic" else 4 * L)
     try:
         inv, af = fns[kind](cfg, "cpu", seq) if kind != "default" else fns[kind](cfg, "cpu")
-    except Exception as e:
+    except Exception:
         continue
     outs[str(len(cases))] = inv.numpy().astype(np.float32)
     cases.append(dict(kind=kind, d=d, kw=kw, af=float(af)))
