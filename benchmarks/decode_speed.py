@@ -5,9 +5,11 @@
 
 For every length: the teacher-forced evaluation (``evaluate.evaluate_length``
 with ``decoded=False``: one compiled call over every batch) and the decoded
-evaluation (``decode.eval_correctness`` over the same examples), each run
-once to compile and then ``--runs`` times; one JSON line per length with the
-median seconds of each and their ratio. The model is the default config's
+evaluation (``decoded=True``: the same call, which also gives each row's first
+teacher-forced error, then ``decode.eval_correctness`` over the same
+examples), each run once to compile and then ``--runs`` times; one JSON line
+per length with the median seconds of each and their ratio (what evaluating
+with decoding costs against without). The model is the default config's
 (configs/default.py, ``--config-arg`` for its variant words), fresh
 (``--seed``) or trained ``--train-steps`` steps on its task; a fresh model is
 wrong from the first answer token of almost every example, so every row is
@@ -139,21 +141,28 @@ def main(argv=None):
                "max_tokens_per_step": int(r.config.eval.max_tokens_per_step),
                "teacher_forced_s": statistics.median(forced), "teacher_forced_runs": forced}
         if old is None:
-            stats = {}
-            answers = {}
+            stats, answers = {}, {}
+            plain = decode.eval_correctness
+
+            def spy(*a, **k):  # the evaluation's decoding, its statistics kept
+                return plain(*a, **dict(k, stats=stats))
 
             def decoded():
-                answers["correct"], answers["mask"] = decode.eval_correctness(
-                    model, r.task, r.config, length, root=root, min_size=plan.min_size, stats=stats)
+                answers.update(evaluate.evaluate_length(model, r.task, r.config, r.spec, length, decoded=True))
 
-            times = _timed(decoded, args.runs)
+            evaluate.decode_lib.eval_correctness = spy
+            try:
+                times = _timed(decoded, args.runs)
+            finally:
+                evaluate.decode_lib.eval_correctness = plain
             row.update(decoded_s=statistics.median(times), decoded_runs=times,
                        ratio=statistics.median(times) / statistics.median(forced),
                        decoded_rows=stats["decoded_rows"], rows=stats["rows"], steps=stats["steps"],
                        groups=len(stats["groups"]), segments=stats["segments"],
                        prefill_pieces=stats["prefill_pieces"], seconds=stats["seconds"],
-                       cache_sizes=sorted(stats["cache_sizes"]),
-                       **decode.decoded_metrics(answers["correct"], answers["mask"]))
+                       forced_pass=stats["forced_pass"], cache_sizes=sorted(stats["cache_sizes"]),
+                       decoded_accuracy=answers["decoded_accuracy"],
+                       decoded_exact_match=answers["decoded_exact_match"])
         else:
             parts, span = old._eval_set(r.task, r.config, length, root, plan.min_size)
             chunks = parts[:args.old_chunks]

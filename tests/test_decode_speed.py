@@ -13,7 +13,7 @@ from flax import nnx
 import helpers
 from posenc.model import Decoder
 from posenc.model import attention as attention_lib
-from posenc.training import decode, prepare
+from posenc.training import decode, eval_step, evaluate, prepare
 from posenc.training import progress as progress_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,3 +163,43 @@ def test_a_static_key_transform_is_cached_transformed(kind, position, rotated):
     _, k, _ = attn.project(model.blocks[0].norm1(model.embed_tokens(tokens)))  # pre-norm: layer 0's input
     want = attn.encoding.key(k, np.arange(12), seq_len=12) if rotated else k
     np.testing.assert_allclose(cache["k"][0], want, atol=1e-5)
+
+
+def test_decoding_starts_from_the_evaluations_own_teacher_forcing(monkeypatch):
+    """The evaluation program also gives each row's first wrong answer target (``errors=True``),
+    the first errors decoding's own teacher-forced pass finds: an evaluated length runs that pass
+    once, and decodes the same answers."""
+    r = resolved()
+    model = Decoder(r.spec, rngs=nnx.Rngs(0))
+    length = 24
+    plan = evaluate.plan_length(r.task, r.config, length)
+    root = evaluate._root(r.config, length)
+    graphdef, state = nnx.split(model)
+
+    def program(errors):
+        return eval_step.eval_length_fn(r.task, r.config, length, plan.batch_size, plan.num_batches,
+                                        rows=plan.rows, per_position=plan.per_position, min_size=plan.min_size,
+                                        errors=errors)(graphdef, state, root)
+
+    totals, plain = program(True), program(False)
+    assert set(totals) == set(plain) | {"first_error"}
+    for k in plain:  # the sums are those of the program without it
+        np.testing.assert_array_equal(totals[k], plain[k])
+    data = decode._eval_set(r.task, r.config, length, root, plan.min_size)
+    assert data.fed_is_inputs
+    own_first = decode._first_wrong(decode._single(graphdef, state), data, 1, plan.rows, None)[0]
+    np.testing.assert_array_equal(totals["first_error"], own_first)
+    assert (own_first < length).any() and totals["first_error"].shape == (plan.num_batches * plan.batch_size,)
+
+    own, reused = {}, {}
+    a, _ = decode.eval_correctness(model, r.task, r.config, length, root=root, min_size=plan.min_size, stats=own)
+    b, _ = decode.eval_correctness(model, r.task, r.config, length, root=root, min_size=plan.min_size,
+                                   stats=reused, first_errors=totals["first_error"])
+    assert own["forced_pass"] == "own" and reused["forced_pass"] == "evaluation"
+    np.testing.assert_array_equal(a, b)
+
+    passes = []
+    first_wrong = decode._first_wrong
+    monkeypatch.setattr(decode, "_first_wrong", lambda *a, **k: passes.append(1) or first_wrong(*a, **k))
+    row = evaluate.evaluate_length(model, r.task, r.config, r.spec, length)
+    assert passes == [] and row["decoded_accuracy"] == decode.decoded_metrics(a, data.mask)["decoded_accuracy"]

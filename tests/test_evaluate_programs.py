@@ -51,7 +51,7 @@ def test_one_call_per_length_equals_chunk_by_chunk_calls():
     assert row["loss"] == float(totals["loss_sum"]) / float(totals["mask_sum"])
     assert row["accuracy"] == float(totals["correct_sum"]) / float(totals["mask_sum"])
     assert row["exact_match"] == float(totals["exact_sum"]) / float(totals["examples"])
-    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1)
+    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1, errors=True)  # decoding follows
     other = Decoder(r.spec, rngs=nnx.Rngs(1))  # another model of the graph: the same program
     assert evaluate.evaluate_length(other, r.task, r.config, r.spec, 16)["loss"] != row["loss"]
     assert fn._cache_size() == 1
@@ -59,7 +59,7 @@ def test_one_call_per_length_equals_chunk_by_chunk_calls():
 
     chunk = step.train_chunk_fn(r.task, r.config, 4)
     step.clear_cache(training_only=True)  # a fine-tune's schedule is gone; the evaluation program stays
-    assert eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1).program is fn.program
+    assert eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1, errors=True).program is fn.program
     assert step.train_chunk_fn(r.task, r.config, 4) is not chunk
     step.clear_cache()
     assert eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1).program is not fn.program

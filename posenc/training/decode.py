@@ -29,7 +29,10 @@ batch), with the answers of the step-by-step decoding above:
 1. Teacher forcing first: one forward per row chunk of at most
    ``eval.max_tokens_per_step`` tokens over the sequence as decoding reads
    it while its answers are right (answer tokens fed back as their targets)
-   gives each row's first wrong answer token. Up to there greedy decoding
+   gives each row's first wrong answer token. The evaluation's own
+   teacher-forced pass gives it (``first_errors``) where the task's inputs
+   are that sequence (every task whose answer tokens are followed by their
+   targets), so an evaluated length runs no second pass. Up to there greedy decoding
    feeds exactly these tokens, so it predicts exactly these; a row that is
    right at every answer token is right decoded too and is not decoded
    (the exact-match shortcut).
@@ -257,11 +260,12 @@ class _Set:
     positions: np.ndarray | None  # None, [L] (shared) or [N, L]
     batches: list  # (lo, hi, positions of the batch as drawn)
     span: tuple | None
+    fed_is_inputs: bool  # the inputs are what decoding reads while right (answer inputs = targets)
 
 
 def _make_set(parts) -> _Set:
     """The :class:`_Set` of ``[(batch, positions)]`` (batches of one length)."""
-    feds, prevs, targets, masks, batches, lo = [], [], [], [], [], 0
+    feds, prevs, targets, masks, batches, lo, same = [], [], [], [], [], 0, True
     for batch, positions in parts:
         inputs = np.asarray(batch["inputs"], np.int32)
         target = np.asarray(batch["targets"], np.int32)
@@ -270,6 +274,7 @@ def _make_set(parts) -> _Set:
         prev[:, 1:] = mask[:, :-1]
         fed = inputs.copy()
         fed[:, 1:] = np.where(prev[:, 1:], target[:, :-1], inputs[:, 1:])
+        same = same and bool((fed == inputs).all())
         feds.append(fed), prevs.append(prev), targets.append(target), masks.append(mask)
         batches.append((lo, lo + len(inputs), None if positions is None else np.asarray(positions, np.int32)))
         lo += len(inputs)
@@ -282,7 +287,7 @@ def _make_set(parts) -> _Set:
         if (positions == positions[:1]).all():
             positions = positions[0]  # shared by every row: rotated once per step
     return _Set(fed, np.concatenate(prevs), np.concatenate(targets), mask, positions, batches,
-                answer_span(mask))
+                answer_span(mask), same)
 
 
 class _Pace:
@@ -450,12 +455,14 @@ def _decode_group(graphdef, states, g: _Group, data: _Set, pace: _Pace, info: di
 
 
 def _decode_set(graphdef, models: list, forced, data: _Set, *, group: int, rows: int, max_tokens: int,
-                bar=None, stats=None) -> list:
+                bar=None, stats=None, first_errors=None) -> list:
     """The ``correct`` [N, L] of each model (``models``: each one's state tuple for ``nnx.merge``).
 
     ``forced(fed, targets, mask, positions, start, end)`` -> first errors [M, rows] of every model;
     ``group``: rows decoded together; ``rows``: rows per teacher-forced forward; ``max_tokens``:
-    tokens per forward (0: no bound); ``stats``: a dict to fill with what was done.
+    tokens per forward (0: no bound); ``stats``: a dict to fill with what was done;
+    ``first_errors`` [M, N]: step 1's result, from the evaluation's own teacher-forced pass (used
+    where that pass read what decoding reads, ``_Set.fed_is_inputs``; else step 1 runs).
     """
     n, length = data.fed.shape
     correct = [data.mask.copy() for _ in models]  # right where not decoded (the shortcut)
@@ -466,7 +473,12 @@ def _decode_set(graphdef, models: list, forced, data: _Set, *, group: int, rows:
     if data.span is None:
         return correct
     clock = time.perf_counter()
-    first = _first_wrong(forced, data, len(models), rows, bar)
+    reuse = first_errors is not None and data.fed_is_inputs
+    info["forced_pass"] = "evaluation" if reuse else "own"
+    if reuse:
+        first = np.asarray(first_errors, np.int64).reshape(len(models), n)
+    else:
+        first = _first_wrong(forced, data, len(models), rows, bar)
     info["seconds"]["forced"] = time.perf_counter() - clock
     blocks = nnx.merge(graphdef, *models[0]).blocks
     groups = _groups(first, data, group=group, block=int(getattr(blocks[0].attn, "block", 512)),
@@ -494,11 +506,12 @@ def _bar(config, length: int):
     return progress_lib.progress(0, 0, enabled, desc=f"decode {length}", delay=PROGRESS_DELAY, leave=False)
 
 
-def _run(graphdef, models, forced, data, *, group, rows, max_tokens, config=None, stats=None):
+def _run(graphdef, models, forced, data, *, group, rows, max_tokens, config=None, stats=None,
+         first_errors=None):
     bar = None if config is None else _bar(config, data.fed.shape[1])
     try:
         return _decode_set(graphdef, models, forced, data, group=group, rows=rows, max_tokens=max_tokens,
-                           bar=bar, stats=stats)
+                           bar=bar, stats=stats, first_errors=first_errors)
     finally:
         if bar is not None:
             bar.close()
@@ -549,30 +562,34 @@ def _budget(config, length: int) -> tuple[int, int, int]:
     return group, eval_lib.rows_per_step(batch_size, int(length), max_tokens), max_tokens
 
 
-def eval_correctness(model, task, config, length: int, *, root=None, min_size=None, stats=None):
+def eval_correctness(model, task, config, length: int, *, root=None, min_size=None, stats=None,
+                     first_errors=None):
     """``(correct, mask)`` [N, L] of greedy decoding over the evaluation set at ``length``.
 
     The examples (and randomized positions) of :func:`posenc.training.evaluate.evaluate_length`
     (``root``: its key; ``min_size``: its size bin): ``eval.num_batches`` batches of
     ``eval.batch_size``, decoded as the module docstring says (no forward over more than
     ``eval.max_tokens_per_step`` tokens). ``stats``: a dict to fill with what was decoded.
+    ``first_errors`` [N]: each row's first wrong answer target under the evaluation's teacher
+    forcing (``eval_step.eval_length_fn(..., errors=True)``), which then replaces step 1.
     """
     data = _eval_set(task, config, length, root, min_size)
     graphdef, state = nnx.split(model)
     group, rows, max_tokens = _budget(config, length)
     (correct,) = _run(graphdef, [(state,)], _single(graphdef, state), data, group=group, rows=rows,
-                      max_tokens=max_tokens, config=config, stats=stats)
+                      max_tokens=max_tokens, config=config, stats=stats, first_errors=first_errors)
     return correct, data.mask
 
 
 def eval_correctness_seeds(graphdef, params, rest, task, config, length: int, *, root=None,
-                           min_size=None, stats=None) -> list[tuple]:
+                           min_size=None, stats=None, first_errors=None) -> list[tuple]:
     """:func:`eval_correctness` of S models of one graph at once: ``[(correct, mask)]``, one per model.
 
     ``params``: their ``nnx.Param`` states stacked [S]; ``rest``: the other state of one of them.
     The examples are drawn once; the teacher-forced pass runs the S models in one ``jax.vmap``-ed
     call per row chunk, and each model decodes its own wrong rows (one program for all of them).
     Each model's answers are its own :func:`eval_correctness`'s up to float32 rounding.
+    ``first_errors`` [S, N]: as :func:`eval_correctness`'s, one row per model.
     """
     size = jax.tree.leaves(params)[0].shape[0]
     data = _eval_set(task, config, length, root, min_size)
@@ -584,7 +601,7 @@ def eval_correctness_seeds(graphdef, params, rest, task, config, length: int, *,
     models = [(jax.tree.map(lambda x: x[j], params), rest) for j in range(size)]
     group, rows, max_tokens = _budget(config, length)
     corrects = _run(graphdef, models, forced, data, group=group, rows=rows, max_tokens=max_tokens,
-                    config=config, stats=stats)
+                    config=config, stats=stats, first_errors=first_errors)
     return [(c, data.mask) for c in corrects]
 
 

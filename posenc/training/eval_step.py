@@ -59,8 +59,12 @@ def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh, 
 
 
 def _eval_parts(task, config, length, batch_size, rows, per_position, sequential, mesh, min_size=None,
-                windows=None):
-    """``(batch_of(key, index), rows_of(batch, positions, chunk), sums(model, batch, positions))``."""
+                windows=None, errors=False):
+    """``(batch_of(key, index), rows_of(batch, positions, chunk), sums(model, batch, positions))``.
+
+    ``errors``: ``sums`` also gives ``first_error`` [rows], each row's first wrong answer target
+    (``length`` where none): where greedy decoding of the row can first differ from its targets.
+    """
     count, stride = windows if windows is not None else (None, None)
 
     def batch_of(key, index, values=None):
@@ -95,6 +99,9 @@ def _eval_parts(task, config, length, batch_size, rows, per_position, sequential
         if per_position:
             out["position_loss"] = (ce * mask).sum(0)
             out["position_mask"] = mask.sum(0)
+        if errors:
+            wrong = (correct == 0) & (mask > 0)
+            out["first_error"] = jnp.where(wrong.any(-1), jnp.argmax(wrong, -1), length).astype(jnp.int32)
         return out
 
     return batch_of, rows_of, sums
@@ -146,7 +153,7 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None
 
 def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int, *,
                    rows: int | None = None, per_position: bool = False, sequential: bool = False,
-                   mesh=None, seeds: bool = False, min_size=None, windows=None):
+                   mesh=None, seeds: bool = False, min_size=None, windows=None, errors: bool = False):
     """``run(graphdef, state, root) -> sums``: every batch and row chunk of one length in one call.
 
     Batch ``i`` is :func:`eval_step_fn`'s batch of key ``fold_in(root, i)``
@@ -163,16 +170,20 @@ def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int,
 
     The task's :func:`traced_values` are arguments of the compiled program
     (bound in the returned function), so tasks that differ only in them share it.
+
+    ``errors``: the sums also hold ``first_error`` [num_batches * batch_size] ([S, ...] with
+    ``seeds``): each row's first wrong answer target (``length``: none), which
+    ``posenc.training.decode`` starts decoding from.
     """
     rows = _check_rows(batch_size, rows, mesh)
     num_batches = int(num_batches)
     values = {o: jnp.float32(v) for o, v in traced_values(task).items()}  # float options
-    cache_key = ("eval_length", int(num_batches), bool(seeds),
+    cache_key = ("eval_length", int(num_batches), bool(seeds), bool(errors),
                  *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size, windows,
                             traced=tuple(sorted(values))))
     if cache_key not in _CACHE:
         _CACHE[cache_key] = _eval_length_program(task, config, int(length), int(batch_size), num_batches, rows,
-                                                 per_position, sequential, mesh, seeds, min_size, windows)
+                                                 per_position, sequential, mesh, seeds, min_size, windows, errors)
     return _Bound(_CACHE[cache_key], values)
 
 
@@ -190,10 +201,10 @@ class _Bound:
 
 
 def _eval_length_program(task, config, length, batch_size, num_batches, rows, per_position, sequential, mesh,
-                         seeds, min_size, windows):
+                         seeds, min_size, windows, errors=False):
     """The jitted program of :func:`eval_length_fn`, its last argument the traced option values."""
     batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
-                                          per_position, sequential, mesh, min_size, windows)
+                                          per_position, sequential, mesh, min_size, windows, errors)
     chunks = int(batch_size) // rows
 
     def run(graphdef, state, rest, root, values):
@@ -204,17 +215,24 @@ def _eval_length_program(task, config, length, batch_size, num_batches, rows, pe
             def forward(batch, positions):
                 return sums(nnx.merge(graphdef, state), batch, positions)
 
-        def one_batch(i, total):
+        def one_batch(i, carry):
             batch, positions = batch_of(jax.random.fold_in(root, i), i, values)
 
-            def one_chunk(c, total):
+            def one_chunk(c, carry):
+                total, firsts = carry
                 out = forward(*rows_of(batch, positions, c))
-                return jax.tree.map(jnp.add, total, out)
+                if errors:  # rows i * batch_size + c * rows ... of the length's set
+                    firsts = jax.lax.dynamic_update_slice_in_dim(firsts, out.pop("first_error"),
+                                                                 i * batch_size + c * rows, axis=firsts.ndim - 1)
+                return jax.tree.map(jnp.add, total, out), firsts
 
-            return jax.lax.fori_loop(0, chunks, one_chunk, total)
+            return jax.lax.fori_loop(0, chunks, one_chunk, carry)
 
         shapes = jax.eval_shape(lambda: forward(*rows_of(*batch_of(root, jnp.int32(0), values), 0)))
+        first = shapes.pop("first_error", None)
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-        return jax.lax.fori_loop(0, num_batches, one_batch, zeros)
+        firsts = None if first is None else jnp.zeros(first.shape[:-1] + (num_batches * batch_size,), jnp.int32)
+        total, firsts = jax.lax.fori_loop(0, num_batches, one_batch, (zeros, firsts))
+        return total if firsts is None else {**total, "first_error": firsts}
 
     return jax.jit(run if seeds else lambda graphdef, state, root, values: run(graphdef, state, None, root, values))

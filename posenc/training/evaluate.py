@@ -187,21 +187,25 @@ def _decodes(config, plan: Plan) -> bool:
     return not plan.sequential and config.eval.get("decode", True)
 
 
-def _decoded(model, task, config, length: int, plan: Plan, root) -> dict:
-    """``decoded_accuracy`` / ``decoded_exact_match``: the answers generated greedily through the cache."""
+def _decoded(model, task, config, length: int, plan: Plan, root, first_errors=None) -> dict:
+    """``decoded_accuracy`` / ``decoded_exact_match``: the answers generated greedily through the cache.
+
+    ``first_errors``: each row's first wrong answer target under the evaluation's teacher forcing.
+    """
     if not _decodes(config, plan):
         return {}
     correct, mask = decode_lib.eval_correctness(model, task, config, int(length), root=root,
-                                                min_size=plan.min_size)
+                                                min_size=plan.min_size, first_errors=first_errors)
     return decode_lib.decoded_metrics(correct, mask)
 
 
-def _decoded_seeds(graphdef, params, rest, task, config, length: int, plan: Plan, root) -> list | None:
+def _decoded_seeds(graphdef, params, rest, task, config, length: int, plan: Plan, root,
+                   first_errors=None) -> list | None:
     """:func:`_decoded`'s ``(correct, mask)`` of S stacked models, decoded together; None: not decoded."""
     if not _decodes(config, plan):
         return None
     return decode_lib.eval_correctness_seeds(graphdef, params, rest, task, config, int(length), root=root,
-                                             min_size=plan.min_size)
+                                             min_size=plan.min_size, first_errors=first_errors)
 
 
 def _root(config, length: int, stream: str = "eval"):
@@ -222,17 +226,19 @@ def evaluate_length(model, task, config, spec, length: int, *, mesh=None, stream
         return _not_applicable_row(length, reason)
     devices = 1 if mesh is None else mesh.size
     plan = plan_length(task, config, length, devices)
+    decodes = decoded and mesh is None and _decodes(config, plan)
     fn = eval_lib.eval_length_fn(task, config, int(length), plan.batch_size, plan.num_batches, rows=plan.rows,
                                  per_position=plan.per_position, sequential=plan.sequential, mesh=mesh,
-                                 min_size=plan.min_size, windows=plan.windows)
+                                 min_size=plan.min_size, windows=plan.windows, errors=decodes)
     graphdef, state = nnx.split(model)
     root = placed = _root(config, length, stream)
     if mesh is not None:  # a no-op for arrays already placed; places fresh ones (variant models)
         state = sharding_lib.shard_state(state, mesh, fsdp=sharding_lib.fsdp_enabled(config))
         placed = sharding_lib.replicate(root, mesh)
-    row = _row(jax.device_get(fn(graphdef, state, placed)), config, length, plan)
-    if decoded and mesh is None:
-        row.update(_decoded(model, task, config, length, plan, root))
+    totals = jax.device_get(fn(graphdef, state, placed))
+    row = _row(totals, config, length, plan)
+    if decodes:
+        row.update(_decoded(model, task, config, length, plan, root, totals["first_error"]))
     return row
 
 
@@ -259,12 +265,14 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
     if reason is not None:
         return [_not_applicable_row(length, reason) for _ in range(size)]
     plan = plan_length(task, config, length, 1)
+    decodes = decoded and _decodes(config, plan)
     fn = eval_lib.eval_length_fn(task, config, int(length), plan.batch_size, plan.num_batches, rows=plan.rows,
                                  per_position=plan.per_position, sequential=plan.sequential, seeds=True,
-                                 min_size=plan.min_size, windows=plan.windows)
+                                 min_size=plan.min_size, windows=plan.windows, errors=decodes)
     root = _root(config, length, stream)
     totals = jax.device_get(fn(graphdef, params, rest, root))
-    answers = _decoded_seeds(graphdef, params, rest, task, config, length, plan, root) if decoded else None
+    first = totals.pop("first_error", None)
+    answers = _decoded_seeds(graphdef, params, rest, task, config, length, plan, root, first) if decodes else None
     out = []
     for j in range(size):
         row = _row(jax.tree.map(lambda x: x[j], totals), config, length, plan)
