@@ -15,6 +15,7 @@ with decoding costs against without). The model is the default config's
 wrong from the first answer token of almost every example, so every row is
 decoded (the worst case of the exact-match shortcut).
 
+``--group-rows`` sets how many rows decode together (``decode.GROUP_ROWS``).
 ``--num-batches`` overrides ``eval.num_batches`` (fewer batches at the
 longest lengths). ``--impl old`` times the decoder of the last commit
 (``git show HEAD:posenc/training/decode.py``) instead, on its first
@@ -105,6 +106,7 @@ def main(argv=None):
     p.add_argument("--num-batches", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-steps", type=int, default=0)
+    p.add_argument("--group-rows", type=int, default=None, help="rows decoded together (decode.GROUP_ROWS)")
     p.add_argument("--impl", choices=("new", "old"), default="new")
     p.add_argument("--old-chunks", type=int, default=1)
     p.add_argument("--old-steps", type=int, default=0,
@@ -121,6 +123,8 @@ def main(argv=None):
     from posenc.model import Decoder
     from posenc.training import decode, evaluate, prepare
 
+    if args.group_rows:
+        decode.GROUP_ROWS = args.group_rows
     c = _config(args.config_arg)
     c.train.progress = False
     c.eval.lengths = tuple(args.lengths)
