@@ -24,7 +24,7 @@ import helpers
 from posenc import norm_names, rope, rope_scaling
 from posenc.config import overrides
 from posenc.model import ENCODINGS
-from posenc.model import spec as spec_lib
+from posenc.model import config as model_config_lib
 from posenc.tasks import TASKS
 from posenc.training import loop, prepare
 from posenc.training import step as step_lib
@@ -83,7 +83,7 @@ def valid_fields(draw):
     f = {"model.position.kind": kind, "model.num_heads": num_heads, "model.head_dim": head_dim,
          "model.d_model": 16, "model.num_layers": draw(st.integers(1, 2)),
          "model.num_kv_heads": draw(st.sampled_from([0, 1, 2])),
-         "model.mlp": draw(st.sampled_from(spec_lib.MLPS)),
+         "model.mlp": draw(st.sampled_from(model_config_lib.MLPS)),
          "model.dtype": draw(st.sampled_from(["float32", "bfloat16"])),
          "model.tie_embeddings": draw(st.booleans()),
          "model.attention_impl": draw(st.sampled_from(["auto", "dense", "blocked"])),
@@ -185,8 +185,8 @@ _NUMBER = "must be "
 
 # field -> (bad values, what the message must say besides the field's name)
 MUTATIONS = {
-    "model.mlp": (_not_in(spec_lib.MLPS), _CHOOSE + ", ".join(sorted(spec_lib.MLPS))),
-    "model.dtype": (_not_in(spec_lib.DTYPES), _CHOOSE + ", ".join(sorted(spec_lib.DTYPES))),
+    "model.mlp": (_not_in(model_config_lib.MLPS), _CHOOSE + ", ".join(sorted(model_config_lib.MLPS))),
+    "model.dtype": (_not_in(model_config_lib.DTYPES), _CHOOSE + ", ".join(sorted(model_config_lib.DTYPES))),
     "model.position.randomized_per": (_not_in(("batch", "example")), _CHOOSE + "batch, example"),
     "model.position.rope.scaling": (_not_in(rope_scaling.KINDS), _CHOOSE + ", ".join(sorted(rope_scaling.KINDS))),
     "model.position.rope.layout": (_not_in(rope.LAYOUTS), _CHOOSE + ", ".join(sorted(rope.LAYOUTS))),

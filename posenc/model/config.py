@@ -18,6 +18,7 @@ import ml_collections
 from posenc import checks, norm_names
 from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options
+from posenc.model.attention_call import IMPLS
 
 RANDOMIZED_PER = ("batch", "example")
 LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")
@@ -25,7 +26,6 @@ LAYER_RULES = ("all", "positional", "nope")
 MLPS = ("gelu", "gelu_erf", "swiglu", "geglu")  # posenc.model.layers.MLP
 BIASES = ("none", "qkv", "attention", "all")
 DTYPES = ("auto", "float32", "bfloat16")
-IMPLS = ("auto", "dense", "blocked", "pallas")
 
 
 def _named(check):

@@ -55,7 +55,7 @@ MODEL = dict(vocab_size=V, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2
 TRAIN_LENGTH = 64  # fills options that take the training length (a learned table's rows)
 PREFILL, CUTS, OFFSET = 5, (4,), 7  # decoding: a prefill then steps; pieces [0, 4) [4, L)
 SHIFTS = (4097, 10**6)
-IMPLS = ("dense", "blocked")
+CHECKED_IMPLS = ("dense", "blocked")
 PERTURB = 0.05
 TOLERANCE = {  # (rtol, atol) per check
     "dense == blocked": (2e-5, 2e-5),
@@ -93,7 +93,7 @@ def check_encoding(name_or_class, *, model: dict | None = None, seed: int = 0,
     """
     with registered(name_or_class) as name:
         cls = encoding_lib.get(name)
-        specs = {impl: _spec(name, options, model, impl) for impl in IMPLS}
+        specs = {impl: _spec(name, options, model, impl) for impl in CHECKED_IMPLS}
         runner = _Runner(cls, specs, seed)
         results = {}
         for check in CHECKS:
@@ -356,7 +356,7 @@ class _Runner:
             return "skipped", "the unit does not declare relative = True"
         rtol, atol = TOLERANCE["shift invariance"]
         problems, worst = [], []
-        for impl in IMPLS:
+        for impl in CHECKED_IMPLS:
             _, base, _ = self.forward(impl, "arange")
             if not np.isfinite(base).all():
                 problems.append(f"{impl}: logits at positions 0..{L - 1} are not finite")
@@ -373,7 +373,7 @@ class _Runner:
 
     def check_causality(self):
         later = np.triu(np.ones((L, L), bool), 1)
-        for impl in IMPLS:
+        for impl in CHECKED_IMPLS:
             program = self.program(impl)
             rows = []
             for i in range(L):  # |d logits_i / d x_j| summed over batch and features: [L] over j
@@ -391,7 +391,7 @@ class _Runner:
 
     def check_finite_gradients(self):
         problems = []
-        for impl in IMPLS:
+        for impl in CHECKED_IMPLS:
             value, _, grads = self.forward(impl)
             if not np.isfinite(value):
                 problems.append(f"{impl}: the loss is {value}")

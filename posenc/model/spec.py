@@ -26,8 +26,6 @@ from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
 
-MLPS, BIASES, DTYPES = config_lib.MLPS, config_lib.BIASES, config_lib.DTYPES
-
 
 def resolve_dtype(name: str) -> str:
     """The compute dtype ``model.dtype`` names: "auto" is bfloat16 on GPU and TPU, float32 elsewhere.
@@ -35,7 +33,7 @@ def resolve_dtype(name: str) -> str:
     bfloat16 compute keeps float32 parameters, accumulation, softmax, norm
     statistics and rotary angles (the layers and pure functions do that).
     """
-    name = checks.choice("model.dtype", name, DTYPES)
+    name = checks.choice("model.dtype", name, config_lib.DTYPES)
     if name == "auto":
         return "bfloat16" if fused.on_accelerator() else "float32"
     return name
