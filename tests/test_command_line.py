@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from configs import compare as compare_config
 from helpers import ROOT, study_command
 from posenc import experiments
+from posenc.configs import compare as compare_config
 from posenc.training import lock, loop
 
 
@@ -78,8 +78,7 @@ def test_the_command_line_refuses_in_one_line_and_exits_2(tmp_path, entry, kind)
     before = _snapshot(w)
     if entry == "train":
         cmd = study_command("compare", "smoke", w)
-        cmd[2] = "experiments.train"
-        cmd[3] = f"--config={ROOT}/configs/default.py:tiny"
+        cmd[3:5] = ["train", "--config=default:tiny"]
     else:
         cmd = study_command("compare", "smoke", w)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -113,7 +112,7 @@ def test_written_files_respect_the_umask(tmp_path, umask, mode):
 def test_help_shows_the_shared_flags(entry):
     import sys
 
-    p = subprocess.run([sys.executable, "-m", f"experiments.{entry}", "--help"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "posenc", entry, "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert "Traceback" not in p.stderr, p.stderr[-2000:]  # absl's --help exits 1
     for flag in ("--config:", "--workdir:", "--plugins:", "--jax_cache_dir:"):
@@ -189,9 +188,10 @@ def test_a_run_is_a_study_of_one_for_rows_and_report(trained, tmp_path):
         experiments.report(str(tmp_path / "missing"))
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={tmp_path / 'missing'}"],
+    p = subprocess.run([sys.executable, "-m", "posenc", "report", f"--workdir={tmp_path / 'missing'}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert [line for line in p.stderr.splitlines() if line.startswith("error:")] == [
         f"error: {tmp_path / 'missing'} holds no run or study (config.json or study.json): give the "
-        "--workdir of a run (experiments.train) or a study (experiments.compare, extend, stability)"]
+        "--workdir of a run (python -m posenc train) or a study (python -m posenc compare, extend, stability)"]
+
