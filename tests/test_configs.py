@@ -217,3 +217,43 @@ def test_full_grid_has_every_encoding_and_the_attention_variants():
     assert points["rope_window"].config.model.attention_window == 16
     assert points["p_rope"].spec.position.options["rope"]["scaling"] == "proportional"
 
+
+def test_config_by_name_or_by_path():
+    """``--config`` takes a packaged config by name (NAME[:ARG]: posenc/configs/NAME.py) or a file
+    (path/to/file.py[:ARG], and any file that exists); an unknown name is one line naming the packaged ones."""
+    from posenc.config import cli
+
+    assert cli.packaged_configs() == ["compare", "default", "extend", "stability"]
+    assert cli.load("default").to_dict() == default.get_config().to_dict()
+    assert cli.load("default:tiny").to_dict() == default.get_config("tiny").to_dict()
+    assert cli.load("default:text,alibi").to_dict() == default.get_config("text,alibi").to_dict()
+    assert cli.load("compare:smoke").to_dict() == compare.get_config("smoke").to_dict()
+    path = os.path.join(ROOT, "posenc", "configs", "default.py")
+    assert cli.load(f"{path}:tiny").to_dict() == default.get_config("tiny").to_dict()
+    assert cli._split_spec("compare:quick") == ("compare", "quick")
+    assert cli._split_spec("default") == ("default", None)
+    assert cli._split_spec("a/b.py:quick") == ("a/b.py", "quick")
+    assert cli._split_spec("a/b") == ("a/b", None)
+    with pytest.raises(ConfigError) as e:
+        cli.load("defualt:tiny")
+    assert str(e.value) == ("--config=defualt:tiny: no packaged config 'defualt' (did you mean 'default'?); "
+                            "choose one of: compare, default, extend, stability, or a file: "
+                            "path/to/config.py[:ARG]")
+    with pytest.raises(ConfigError, match=r"^--config=default:rop: unknown default config argument 'rop' "
+                                          r"\(did you mean 'rope'\?\)"):
+        cli.load("default:rop")
+    with pytest.raises(ConfigError, match=r"^--config=nothere/x.py:tiny: no config file 'nothere/x.py'$"):
+        cli.load("nothere/x.py:tiny")
+
+
+def test_a_config_file_of_ones_own_by_path(tmp_path, monkeypatch):
+    """A file of one's own, relative to the working directory or absolute, starts from a packaged config."""
+    from posenc.config import cli
+
+    text = ("from posenc.configs import default\n\ndef get_config(arg=None):\n"
+            "    c = default.get_config(arg)\n    c.train.steps = 7\n    return c\n")
+    (tmp_path / "mine.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    for spec in ("mine.py:tiny", str(tmp_path / "mine.py") + ":tiny"):
+        c = cli.load(spec)
+        assert c.train.steps == 7 and c.model.num_layers == 1, spec
