@@ -25,7 +25,7 @@ where the budget cuts):
    (``benchmarks/torch_peer.py``: x-transformers with SDPA flash for RoPE,
    x-transformers' ALiBi path, ALiBi in FlexAttention) and a ratio row with
    the speed target;
-5. addition: ``configs/compare.py:arithmetic_cho_small``, Cho et al. 2024's
+5. addition: ``compare:arithmetic_cho_small`` (``python -m posenc compare``), Cho et al. 2024's
    small run at their model and batch (operands of 1-5 digits, tested at 5,
    10 and 15; position coupling, NoPE and RoPE, 2 seeds vmapped) for
    ``--addition_steps`` steps of their 50,000 (the cosine schedule over those
@@ -82,7 +82,7 @@ DRY_EVAL_LENGTHS = (64,)
 STAGES = ("install", "environment", "tests", "train", "addition", "train_more", "eval", "attention_op")
 TRAIN_FIRST = 2  # train: the first positions (rope, alibi: the speed targets); train_more: the others
 BUDGET_S = 570.0  # the stages' time on the device: 9.5 minutes of a 10-minute command
-ADDITION = "configs/compare.py:arithmetic_cho_small"
+ADDITION = "compare:arithmetic_cho_small"  # a packaged config (posenc/configs/compare.py)
 ADDITION_STEPS = 4000  # of Cho et al.'s 50,000: what a 10-minute check affords after train (--plan)
 DRY_ADDITION = {"base.model.d_model": 32, "base.model.num_heads": 2, "base.train.batch_size": 8,
                 "base.eval.batch_size": 8, "base.eval.num_batches": 1, "base.train.log_every": 2,
@@ -337,7 +337,7 @@ class Check:
                                                                              self.args.dry_run else 1)}
         if self.args.dry_run:
             over.update(DRY_ADDITION)
-        cmd = [sys.executable, "-m", "experiments.compare", f"--config={ADDITION}", f"--workdir={workdir}",
+        cmd = [sys.executable, "-m", "posenc", "compare", f"--config={ADDITION}", f"--workdir={workdir}",
                *(f"--config.{k}={v}" for k, v in over.items())]
         rc, _, tail = self.run("addition", cmd, cap=self.args.addition_cap_s, need=60)
         rows = []

@@ -3,14 +3,14 @@
     python -m benchmarks.benchmark --config benchmarks/cases.py:quick_grids
     python -m benchmarks.benchmark --config benchmarks/cases.py:main
 
-``quick_grids``: for each grid of ``bench.grids`` (configs/compare.py), one
+``quick_grids``: for each grid of ``bench.grids`` (the compare config), one
 cell per task (rope, or the grid's first position; the first placement and
 norm), trained on its own task as the grid trains it: the compiled chunk of
 the step loop, the seeds vmapped where the grid sets ``grid.vmap_seeds``;
 rows give the step time (median over calls of k steps, k by the loop's
 "auto" rule) and the time of a call of one step (the probe's).
 
-``main``: ``python -m experiments.compare --config configs/compare.py:quick``
+``main``: ``python -m posenc compare --config compare:quick``
 twice, each in a fresh process, with its own compilation cache directory
 under ``bench.main_workdir``: first empty (cold), then as the first run
 left it (warm); rows give the wall and CPU time of each run and the load.
@@ -29,17 +29,11 @@ import time
 def _grid_cells(grid_name: str):
     """``[(task variant, position, config)]``: one cell per task of a quick grid, with rope
     (or the grid's first position), the grid's first placement and norm."""
-    import importlib.util
-
     from posenc.config import overrides
+    from posenc.configs import compare
     from posenc.training import prepare
 
-    spec = importlib.util.spec_from_file_location(
-        "cfg_compare", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                    "configs", "compare.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    g = module.get_config(grid_name)
+    g = compare.get_config(grid_name)
     positions = list(g.grid.positions)
     position = "rope" if "rope" in positions else positions[0]
     cells = []
@@ -114,7 +108,7 @@ def main_job(config, emit):
         shutil.rmtree(root)
     cache = os.path.join(root, "jax_cache")
     for name in ("cold", "warm"):
-        argv = [sys.executable, "-m", "experiments.compare", "--config", "configs/compare.py:quick",
+        argv = [sys.executable, "-m", "posenc", "compare", "--config", "compare:quick",
                 "--workdir", os.path.join(root, name), f"--jax_cache_dir={cache}",
                 *config.bench.main_args]
         load0, t = os.getloadavg()[0], time.perf_counter()

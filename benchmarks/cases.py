@@ -20,11 +20,11 @@ GELU MLP x4, untied head, random-token language modelling):
     window    case R with sliding-window attention (model.attention_span=window,
           W = 256) evaluated on one sequence of 16K and 64K tokens (each in a
           fresh process): O(L W) time and memory, beside case long's full rope
-    quick_grids  the per-step time of the quick grids' models (configs/compare.py's
+    quick_grids  the per-step time of the quick grids' models (the compare config's
           *quick grids: each task variant with rope, or the grid's first position),
           trained on their own tasks in calls of k steps, the seeds vmapped where
           the grid trains them so
-    main  the main job (`experiments.compare --config configs/compare.py:quick`)
+    main  the main job (`python -m posenc compare --config compare:quick`)
           twice in fresh processes: with an empty compilation cache (cold), then
           with the cache the first run filled (warm); wall time of each
     G     the accelerator case (one GPU / TPU): d_model 1024, 12 layers, 16
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import default
+from posenc.configs import default
 
 CASES = ("R", "T", "long", "relative", "window", "G", "quick_grids", "main")
 
@@ -81,7 +81,7 @@ def get_config(arg: str | None = "R") -> ml_collections.ConfigDict:
         grids=("quick", "chomsky_quick", "suite_quick", "lm_quick", "randomized_quick",
                "interaction_quick"),  # case quick_grids
         main_workdir="/tmp/posenc_main_job",  # case main: runs, and the cold run's cache, go here
-        main_args=(),  # case main: extra arguments of experiments.compare (e.g. --config.base.x=y)
+        main_args=(),  # case main: extra arguments of python -m posenc compare (e.g. --config.base.x=y)
         peer=case not in ("relative", "window"),  # run the peer (when --peer_python is given)
         warmup=5,
         steps=50 if small else 20,

@@ -27,12 +27,13 @@ FIXED = {"install": 30.0, "environment": 20.0, "tests": 150.0, "train_process": 
 
 
 def _config(spec: str, overrides=()):
-    """``configs/FILE[:ARG]`` (relative to the repository) with ``(field, text)`` overrides."""
+    """A packaged config ``NAME[:ARG]`` or ``FILE[:ARG]`` (relative to the repository) with ``(field, text)``
+    overrides."""
     if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)  # configs import configs
+        sys.path.insert(0, ROOT)  # benchmarks/cases.py imports posenc from this checkout
     from posenc.config import cli
 
-    return cli.load(os.path.join(ROOT, spec), overrides)
+    return cli.load(os.path.join(ROOT, spec) if ".py" in spec else spec, overrides)
 
 
 def _flops_per_token(config, length: int) -> float:

@@ -10,7 +10,7 @@ teacher-forced error, then ``decode.eval_correctness`` over the same
 examples), each run once to compile and then ``--runs`` times; one JSON line
 per length with the median seconds of each and their ratio (what evaluating
 with decoding costs against without). The model is the default config's
-(configs/default.py, ``--config-arg`` for its variant words), fresh
+(the default config, ``--config-arg`` for its variant words), fresh
 (``--seed``) or trained ``--train-steps`` steps on its task; a fresh model is
 wrong from the first answer token of almost every example, so every row is
 decoded (the worst case of the exact-match shortcut).
@@ -42,9 +42,7 @@ sys.path.insert(0, ROOT)
 
 
 def _config(arg):
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     return module.get_config(arg)
 
 

@@ -83,14 +83,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def study_command(study, config, workdir):
-    """The command line of ``python -m experiments.<study>``, with the tests' compile cache."""
+    """The command line of ``python -m posenc <study> --config <study>:<config>``, with the tests' compile cache."""
     import sys
 
     import jax
 
     cache = jax.config.jax_compilation_cache_dir or ""
-    return [sys.executable, "-m", f"experiments.{study}", f"--config={ROOT}/configs/{study}.py:{config}",
-            f"--workdir={workdir}", f"--jax_cache_dir={cache}"]
+    return [sys.executable, "-m", "posenc", study, f"--config={study}:{config}", f"--workdir={workdir}",
+            f"--jax_cache_dir={cache}"]
 
 
 def kill_during_a_point(command, rng, *, kill=True, timeout=600):

@@ -64,7 +64,7 @@ def test_bias_curves_follow_the_t5_buckets_and_merge_a_shared_table():
 
 
 def _resolved(kind="rope", **model):
-    from configs import default
+    from posenc.configs import default
     from posenc.training import prepare
 
     c = default.get_config("tiny")
@@ -98,7 +98,7 @@ def test_position_metrics_count_only_masked_tokens():
 
 
 def test_analyze_a_trained_run_end_to_end(tmp_path):
-    from configs import default
+    from posenc.configs import default
     from posenc.training import loop
 
     c = default.get_config("tiny")
@@ -168,7 +168,7 @@ def test_answer_attention_on_keys_with_the_predicted_tokens_id():
 
 
 def test_analysis_examples_carry_the_tasks_coupled_ids():
-    from configs import default
+    from posenc.configs import default
     from posenc.training import prepare
 
     c = default.get_config("tiny")

@@ -1,10 +1,10 @@
-"""The arithmetic grids of configs/compare.py, tables per task variant and in problem sizes, findings "sizes"."""
+"""The arithmetic grids of the compare config, tables per task variant and in problem sizes, findings "sizes"."""
 
 import pytest
 
-from configs import compare
 from helpers import grid_points
 from posenc.config.schema import ConfigError
+from posenc.configs import compare
 from posenc.experiments import compare_report, engine, findings
 
 # what an arm may change besides the encoding: its task-side recipe (coupled ids, index hints) and,
@@ -83,7 +83,7 @@ def test_arithmetic_full_grids_validate_with_the_papers_sizes(arg, train, larges
 
 
 def test_cho_small_is_their_run_coupling_script():
-    """configs/compare.py:arithmetic_cho_small against HanseulJo/position-coupling
+    """compare:arithmetic_cho_small against HanseulJo/position-coupling
     scripts/addition/run_coupling.sh (small run) and configs/training/default.yaml."""
     _, points = _points("arithmetic_cho_small")
     assert sorted({p.fields["variant"] for p in points}) == ["nope", "position_coupling", "rope"]

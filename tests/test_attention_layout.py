@@ -21,8 +21,8 @@ import pytest
 from flax import nnx
 
 import helpers
-from configs import default
 from posenc import alibi, logit_scale
+from posenc.configs import default
 from posenc.model import ENCODINGS, Decoder, Encoding, ModelSpec, conformance
 from posenc.model.attention import AttentionCall, attention, blocked_attention
 from posenc.model.encoding import SPANS

@@ -1,7 +1,8 @@
 """What a new user meets at the command line: one kind of thing per workdir (a run's workdir
 refuses a study and a study's refuses a run, in one line before anything is written:
 posenc.training.lock.check_kind), refusals as one line and exit 2 (no traceback), --help that
-shows the flags every entry point shares, written files readable as the umask says."""
+shows the flags every entry point shares, written files readable as the umask says, and
+``python -m posenc <command>`` with the packaged configs from any directory."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import subprocess
 
 import pytest
 
-from configs import compare as compare_config
 from helpers import ROOT, study_command
 from posenc import experiments
+from posenc.configs import compare as compare_config
 from posenc.training import lock, loop
 
 
@@ -78,8 +79,7 @@ def test_the_command_line_refuses_in_one_line_and_exits_2(tmp_path, entry, kind)
     before = _snapshot(w)
     if entry == "train":
         cmd = study_command("compare", "smoke", w)
-        cmd[2] = "experiments.train"
-        cmd[3] = f"--config={ROOT}/configs/default.py:tiny"
+        cmd[3:5] = ["train", "--config=default:tiny"]
     else:
         cmd = study_command("compare", "smoke", w)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -113,7 +113,7 @@ def test_written_files_respect_the_umask(tmp_path, umask, mode):
 def test_help_shows_the_shared_flags(entry):
     import sys
 
-    p = subprocess.run([sys.executable, "-m", f"experiments.{entry}", "--help"], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "posenc", entry, "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert "Traceback" not in p.stderr, p.stderr[-2000:]  # absl's --help exits 1
     for flag in ("--config:", "--workdir:", "--plugins:", "--jax_cache_dir:"):
@@ -189,9 +189,65 @@ def test_a_run_is_a_study_of_one_for_rows_and_report(trained, tmp_path):
         experiments.report(str(tmp_path / "missing"))
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={tmp_path / 'missing'}"],
+    p = subprocess.run([sys.executable, "-m", "posenc", "report", f"--workdir={tmp_path / 'missing'}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert [line for line in p.stderr.splitlines() if line.startswith("error:")] == [
         f"error: {tmp_path / 'missing'} holds no run or study (config.json or study.json): give the "
-        "--workdir of a run (experiments.train) or a study (experiments.compare, extend, stability)"]
+        "--workdir of a run (python -m posenc train) or a study (python -m posenc compare, extend, stability)"]
+
+
+# ------------------------------------------------------------------ the installed commands
+def _posenc(args, cwd):
+    """``python -m posenc *args`` in ``cwd``, importing this checkout (PYTHONPATH) and nothing from ``cwd``."""
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_commands_and_packaged_configs_work_from_any_directory(tmp_path):
+    """``python -m posenc <command>`` from a directory that is not the repository: the command's --help
+    (its docstring and the shared flags), and ``--config default:tiny`` loaded by name."""
+    p = _posenc(["train", "--help"], tmp_path)
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]  # absl's --help exits 1
+    assert p.stdout.startswith("Train one config"), p.stdout[:500]
+    for flag in ("--config:", "--workdir:", "--plugins:", "--jax_cache_dir:", "--max_steps_this_run:"):
+        assert flag in p.stdout, (flag, p.stdout[-3000:])
+    # the packaged config by name, up to the validation of a field (nothing compiles, nothing is claimed)
+    p = _posenc(["train", "--config", "default:tiny", f"--workdir={tmp_path / 'w'}", "--config.train.stepz=3",
+                 "--jax_cache_dir="], tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith("error: --config.train.stepz: unknown config field 'train.stepz'; did you mean "
+                               "'train.steps'?"), lines
+    code = ("from posenc.config import cli\n"
+            "c = cli.load('default:tiny', [('train.steps', '3')])\n"
+            "print(c.model.num_layers, c.train.steps)")
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["1", "3"], out.stderr[-2000:]
+    assert os.listdir(tmp_path) == []  # nothing written where they ran
+
+
+def test_python_m_posenc_lists_its_commands_and_refuses_others_in_one_line(tmp_path):
+    import pkgutil
+
+    from posenc import cli
+
+    modules = sorted(m.name for m in pkgutil.iter_modules(cli.__path__) if m.name != "runtime")
+    assert modules == ["analyze", "compare", "extend", "findings", "report", "stability", "train"]
+    p = _posenc(["--help"], tmp_path)
+    assert p.returncode == 0 and p.stderr == ""
+    listed = [line.split()[0] for line in p.stdout.split("commands:\n", 1)[1].split("\n\n")[0].splitlines()]
+    assert listed == modules, p.stdout
+    one_of = "; usage: python -m posenc <command> [flags], <command> one of: " + ", ".join(modules)
+    for args, first in (([], "error: no command"),
+                        (["trian", "--config=default"], "error: unknown command 'trian' (did you mean 'train'?)"),
+                        (["runtime"], "error: unknown command 'runtime'")):
+        p = _posenc(args, tmp_path)
+        assert p.returncode == 2 and p.stdout == "", p.stderr[-2000:]
+        assert p.stderr.splitlines() == [first + one_of], p.stderr

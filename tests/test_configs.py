@@ -1,6 +1,5 @@
-"""configs/default.py and configs/compare.py: fields, variants, lock_config and validation errors."""
+"""The default and compare configs (posenc/configs/): fields, variants, lock_config and validation errors."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -8,6 +7,7 @@ import sys
 import pytest
 
 from posenc import rope, rope_scaling
+from posenc.configs import compare, default
 from posenc.model import ENCODINGS
 from posenc.training import ConfigError, resolve
 
@@ -17,16 +17,6 @@ def validate_config(c):
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-default = load("default")
-compare = load("compare")
 
 PUBLIC = ("task.name", "task.train_length", "model.position.kind", "model.norm.kind",
           "model.norm.placement", "model.d_model", "model.num_layers", "model.num_heads",
@@ -67,7 +57,7 @@ def test_every_position_kind_is_a_variant_and_validates():
 
 
 def test_unknown_variant_names_allowed_tokens():
-    with pytest.raises(ValueError, match=r"unknown configs/default.py argument 'rop'.*alibi"):
+    with pytest.raises(ValueError, match=r"unknown default config argument 'rop'.*alibi"):
         default.get_config("rop")
 
 
@@ -81,7 +71,7 @@ def parse(argv):
 
 
 def test_a_typo_fails_on_the_command_line_in_a_config_file_and_in_code(tmp_path):
-    path = os.path.join(ROOT, "configs", "default.py")
+    path = os.path.join(ROOT, "posenc", "configs", "default.py")  # a config given as a file
     c = parse(["prog", f"--config={path}:tiny", "--config.train.steps=7"])
     assert c.train.steps == 7 and c.model.num_layers == 1
     with pytest.raises(ConfigError, match=r"^--config.train.stepz: unknown config field 'train.stepz'; "
@@ -100,8 +90,9 @@ def test_a_typo_fails_on_the_command_line_in_a_config_file_and_in_code(tmp_path)
             validate_config(c)
     # a config file that unlocks a section and adds a field fails the same way, before any claim
     bad = tmp_path / "bad.py"
-    bad.write_text("from configs import default\n\ndef get_config(arg=None):\n    c = default.get_config('tiny')\n"
-                   "    with c.train.unlocked():\n        c.train.stepz = 3\n    return c\n")
+    bad.write_text("from posenc.configs import default\n\ndef get_config(arg=None):\n"
+                   "    c = default.get_config('tiny')\n    with c.train.unlocked():\n        c.train.stepz = 3\n"
+                   "    return c\n")
     with pytest.raises(ConfigError, match="unknown config field 'train.stepz'"):
         validate_config(parse(["prog", f"--config={bad}"]))
 
@@ -173,7 +164,7 @@ def test_longrope_without_factors_and_mixed_partial_conventions_are_errors():
 
 def run_cli(*args):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "posenc", "train", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -184,7 +175,7 @@ def run_cli(*args):
      "error: --config.train.stepz: unknown config field 'train.stepz'; did you mean 'train.steps'?"),
 ])
 def test_a_bad_config_on_the_command_line_is_one_line_and_exit_2(tmp_path, flag, message):
-    out = run_cli(f"--config={ROOT}/configs/default.py:tiny", f"--workdir={tmp_path}/w", flag,
+    out = run_cli("--config=default:tiny", f"--workdir={tmp_path}/w", flag,
                   "--jax_cache_dir=")
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[0]]
@@ -225,3 +216,44 @@ def test_full_grid_has_every_encoding_and_the_attention_variants():
     points = {p.fields["variant"]: p.run for p in grid_points(c)}  # every point validates
     assert points["rope_window"].config.model.attention_window == 16
     assert points["p_rope"].spec.position.options["rope"]["scaling"] == "proportional"
+
+
+def test_config_by_name_or_by_path():
+    """``--config`` takes a packaged config by name (NAME[:ARG]: posenc/configs/NAME.py) or a file
+    (path/to/file.py[:ARG], and any file that exists); an unknown name is one line naming the packaged ones."""
+    from posenc.config import cli
+
+    assert cli.packaged_configs() == ["compare", "default", "extend", "stability"]
+    assert cli.load("default").to_dict() == default.get_config().to_dict()
+    assert cli.load("default:tiny").to_dict() == default.get_config("tiny").to_dict()
+    assert cli.load("default:text,alibi").to_dict() == default.get_config("text,alibi").to_dict()
+    assert cli.load("compare:smoke").to_dict() == compare.get_config("smoke").to_dict()
+    path = os.path.join(ROOT, "posenc", "configs", "default.py")
+    assert cli.load(f"{path}:tiny").to_dict() == default.get_config("tiny").to_dict()
+    assert cli._split_spec("compare:quick") == ("compare", "quick")
+    assert cli._split_spec("default") == ("default", None)
+    assert cli._split_spec("a/b.py:quick") == ("a/b.py", "quick")
+    assert cli._split_spec("a/b") == ("a/b", None)
+    with pytest.raises(ConfigError) as e:
+        cli.load("defualt:tiny")
+    assert str(e.value) == ("--config=defualt:tiny: no packaged config 'defualt' (did you mean 'default'?); "
+                            "choose one of: compare, default, extend, stability, or a file: "
+                            "path/to/config.py[:ARG]")
+    with pytest.raises(ConfigError, match=r"^--config=default:rop: unknown default config argument 'rop' "
+                                          r"\(did you mean 'rope'\?\)"):
+        cli.load("default:rop")
+    with pytest.raises(ConfigError, match=r"^--config=nothere/x.py:tiny: no config file 'nothere/x.py'$"):
+        cli.load("nothere/x.py:tiny")
+
+
+def test_a_config_file_of_ones_own_by_path(tmp_path, monkeypatch):
+    """A file of one's own, relative to the working directory or absolute, starts from a packaged config."""
+    from posenc.config import cli
+
+    text = ("from posenc.configs import default\n\ndef get_config(arg=None):\n"
+            "    c = default.get_config(arg)\n    c.train.steps = 7\n    return c\n")
+    (tmp_path / "mine.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    for spec in ("mine.py:tiny", str(tmp_path / "mine.py") + ":tiny"):
+        c = cli.load(spec)
+        assert c.train.steps == 7 and c.model.num_layers == 1, spec

@@ -39,9 +39,7 @@ KERNELS = {"train": ("posenc_flash_fwd", "posenc_flash_dq", "posenc_flash_dkv"),
 
 
 def _config():
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config("tiny")
     c.model.update(attention_impl="pallas", dtype="auto", num_layers=len(KINDS), num_heads=4,
                    num_kv_heads=2)

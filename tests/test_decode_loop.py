@@ -4,7 +4,6 @@ evaluation decoder (exact-match shortcut, row groups, prefill pieces, growing ca
 answers of the decoder before it (one prefill and one loop over the whole answer span)."""
 
 import importlib.util
-import os
 
 import jax
 import jax.numpy as jnp
@@ -109,15 +108,11 @@ def test_answers_anywhere_in_the_sequence_decode_with_given_tokens_between():
 
 def test_eval_set_correctness_of_a_task():
     import importlib.util
-    import os
 
     from posenc.model import Decoder
     from posenc.training import prepare
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(root, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config("tiny")
     c.eval.update(batch_size=4, num_batches=2, max_tokens_per_step=32)  # 2 rows per forward
     r = prepare.resolve(c)
@@ -256,10 +251,7 @@ def test_shortcut_with_explicit_and_per_example_positions(monkeypatch):
 def _task(arg):
     from posenc.training import prepare
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(root, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config(arg)
     c.eval.update(batch_size=4, num_batches=2, max_tokens_per_step=32)
     return prepare.resolve(c)

@@ -20,9 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def resolved(arg="tiny", **model):
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config(arg)
     c.eval.update(batch_size=4, num_batches=2)
     c.model.update(model)

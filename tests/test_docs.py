@@ -46,7 +46,7 @@ def _table_fields(markdown):
 
 
 def test_every_documented_field_is_settable_from_the_command_line(tmp_path):
-    spec = f"{ROOT}/configs/default.py:tiny"
+    spec = "default:tiny"
     base = cli.load(spec)
     for field, _ in _table_fields(fields_doc.run_table()):
         node = base
@@ -93,7 +93,7 @@ def eval_default(rows, field):
 def test_every_study_field_is_settable(study):
     from posenc import experiments
 
-    spec = f"{ROOT}/configs/{study}.py:smoke"
+    spec = f"{study}:smoke"
     base = experiments.engine.validate(experiments.study(study), cli.load(spec))  # every field, defaults too
     for field, _, _ in fields_doc.study_rows()[study]:
         value = base
@@ -110,15 +110,17 @@ def test_every_study_field_is_settable(study):
 def test_a_misspelled_argument_or_field_is_one_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     for args, message in (
-            (["--config=configs/compare.py:quik"],
-             "error: --config=configs/compare.py:quik: unknown configs/compare.py argument 'quik' (did you "
-             "mean 'quick'?)"),
-            (["--config=configs/compare.py:smoke", "--config.grid.sedes=0,1"],
+            (["--config=compare:quik"],
+             "error: --config=compare:quik: unknown compare config argument 'quik' (did you mean 'quick'?)"),
+            (["--config=defualt:tiny"],
+             "error: --config=defualt:tiny: no packaged config 'defualt' (did you mean 'default'?); choose one "
+             "of: compare, default, extend, stability, or a file: path/to/config.py[:ARG]"),
+            (["--config=compare:smoke", "--config.grid.sedes=0,1"],
              "error: --config.grid.sedes: unknown config field 'grid.sedes'; did you mean 'grid.seeds'?"),
-            (["--config=configs/compare.py:smoke", "--config.base.train.stepz=3"],
+            (["--config=compare:smoke", "--config.base.train.stepz=3"],
              "error: --config.base.train.stepz: unknown config field 'base.train.stepz'; did you mean "
              "'base.train.steps'?")):
-        out = subprocess.run([sys.executable, "-m", "experiments.compare", *args, f"--workdir={tmp_path}/w",
+        out = subprocess.run([sys.executable, "-m", "posenc", "compare", *args, f"--workdir={tmp_path}/w",
                               "--jax_cache_dir="], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=300)
         lines = out.stderr.strip().splitlines()
@@ -128,15 +130,15 @@ def test_a_misspelled_argument_or_field_is_one_line(tmp_path):
 
 
 def _commands():
-    """Every ``python -m experiments.<x> ...`` command of the shell blocks of the README, docs/results.md
-    and docs/studies.md (continuations joined)."""
+    """Every ``python -m posenc <command> ...`` command of the shell blocks of the README, docs/results.md
+    and docs/studies.md (continuations joined), from ``posenc`` on."""
     out = []
     for block in _blocks("bash", RUNNABLE):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()
             for part in re.split(r"&&|;|\|", line):
                 words = shlex.split(part.replace("& done", ""))
-                if "-m" in words and words[words.index("-m") + 1].startswith("experiments."):
+                if "-m" in words and words[words.index("-m") + 1:words.index("-m") + 2] == ["posenc"]:
                     out.append(words[words.index("-m") + 1:])
     return out
 
@@ -147,8 +149,8 @@ def test_the_readmes_commands_name_real_configs_and_fields():
     commands = _commands()
     assert len(commands) >= 10
     for words in commands:
-        module = words[0].split(".")[1]
-        assert os.path.exists(os.path.join(ROOT, "experiments", f"{module}.py")), words
+        module = words[1]
+        assert os.path.exists(os.path.join(ROOT, "posenc", "cli", f"{module}.py")), words
         config = next((w.split("=", 1)[1] if "=" in w else words[words.index(w) + 1]
                        for w in words if w.split("=")[0] == "--config"), None)
         if config is None:
@@ -159,7 +161,8 @@ def test_the_readmes_commands_name_real_configs_and_fields():
         plugins = [w for w in words if w.startswith("--plugins")]
         if plugins:  # the plugin's own encoding: checked by the plugin test below
             overrides = [o for o in overrides if "half_alibi" not in o[1]]
-        cli.load(os.path.join(ROOT, config), overrides, schema=s)
+        assert "/" not in config, words  # the packaged configs, by name: the commands run from any directory
+        cli.load(config, overrides, schema=s)
 
 
 def _with_test_checkpoint(script, tmp_path):
@@ -202,10 +205,10 @@ def test_the_readmes_python_blocks_run_as_written(tmp_path):
         out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)
         assert out.returncode == 0, script + out.stderr[-3000:]
-    # the plugin example: the README's command with its file
+    # the plugin example: the README's command with its file, in the directory that holds the file
     (cmd,) = [c for c in _commands() if any(w.startswith("--plugins") for w in c)]
     cmd = [w.replace("/tmp/", f"{tmp_path}/") for w in cmd]
-    out = subprocess.run([sys.executable, "-m", *cmd, "--jax_cache_dir="], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", *cmd, "--jax_cache_dir="], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| half_alibi |" in out.stdout

@@ -3,7 +3,6 @@
 import importlib.util
 import json
 import os
-import sys
 
 import jax
 import numpy as np
@@ -16,16 +15,9 @@ from posenc.training import NonFiniteError, finish, loop, optim, prepare, result
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # the experiments/ entry points live at the repository root
-    sys.path.insert(0, ROOT)
-
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"posenc.configs.{name}")
 
 
 def tiny():

@@ -1,6 +1,6 @@
 """Context extension: fine-tuning from a finished run, the LongRoPE search wiring, the study end to end.
 
-One tiny study (configs/extend.py:smoke: a 1-layer byte-level LM, L = 16,
+One tiny study (extend:smoke: a 1-layer byte-level LM, L = 16,
 factor 2, methods default and longrope, budgets 0 and 2) runs once per module; the other tests reuse its
 base run and fine-tunes, so most of their steps are compiled already.
 """
@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import extend as extend_config
 from posenc import experiments, rope_search
+from posenc.configs import extend as extend_config
 from posenc.experiments import engine
 from posenc.experiments import extend as study
 from posenc.model import ModelSpec
@@ -48,7 +48,7 @@ def test_every_method_builds_a_valid_config(tiny_study):
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
     assert all(o["original_length"] == 16 for m, o in options.items()
                if m not in ("linear", "ntk") and study.METHODS[m].scaling is not None)
-    # the remappings at s = 4, L = 16: the papers' settings (experiments.extend.METHODS)
+    # the remappings at s = 4, L = 16: the papers' settings (posenc.experiments.extend.METHODS)
     assert {k: options["self_extend"][k] for k in ("remap", "group", "window", "scaling")} == dict(
         remap="self_extend", group=8, window=8, scaling="default")
     assert (options["leaky_rerope"]["window"], options["leaky_rerope"]["leaky"]) == (4, 8.0)
@@ -221,7 +221,7 @@ def test_config_args():
     c.retrieval_tasks = ("passkey", "niah")
     with pytest.raises(prepare.ConfigError, match=r"retrieval_tasks entry: unknown task 'niah'"):
         engine.validate(experiments.study("extend"), c)
-    with pytest.raises(ValueError, match="unknown configs/extend.py argument"):
+    with pytest.raises(ValueError, match="unknown extend config argument"):
         extend_config.get_config("tiny")
 
 

@@ -1,12 +1,12 @@
-"""The findings grids of configs/compare.py (quick, lm, randomized, interaction) and posenc.experiments.findings."""
+"""The findings grids of the compare config (quick, lm, randomized, interaction) and posenc.experiments.findings."""
 
 import os
 
 import pytest
 
-from configs import compare
 from helpers import grid_points
 from posenc import placements, tasks
+from posenc.configs import compare
 from posenc.experiments import engine, findings
 from posenc.model import ENCODINGS
 

@@ -41,13 +41,9 @@ monitoring.register_event_duration_secs_listener(
 
 
 def _base():
-    import importlib.util
+    from posenc.configs import default
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
-    spec = importlib.util.spec_from_file_location("cfg_default_fuzz", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config("tiny")
+    c = default.get_config("tiny")
     c.task.train_length = TRAIN_LENGTH
     c.train.batch_size = 2
     return c

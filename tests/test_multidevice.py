@@ -35,9 +35,7 @@ def S(*axes):
 def _config(fsdp=False):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config("tiny")
     c.train.update(steps=6, warmup_steps=2, log_every=3, checkpoint_every=3, learning_rate=3e-3)
     c.eval.update(lengths=(16,), num_batches=1)
@@ -300,7 +298,7 @@ def test_batch_size_not_divisible_by_devices_is_an_error(runs):
 @pytest.mark.skipif(os.environ.get("POSENC_TEST_MULTIPROCESS") != "1",
                     reason="two JAX processes (~30 s on 2 cores); set POSENC_TEST_MULTIPROCESS=1")
 def test_two_processes_match_one_device(runs):
-    """``experiments.train --distributed``: 2 processes x 2 CPU devices, FSDP, equal to 1 device."""
+    """``python -m posenc train --distributed``: 2 processes x 2 CPU devices, FSDP, equal to 1 device."""
     import socket
 
     out, _, one = runs
@@ -314,7 +312,7 @@ def test_two_processes_match_one_device(runs):
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "experiments.train", f"--config={ROOT}/configs/default.py:tiny", *overrides,
+        [sys.executable, "-m", "posenc", "train", "--config=default:tiny", *overrides,
          f"--workdir={workdir}", "--jax_cache_dir=", "--distributed",
          f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]

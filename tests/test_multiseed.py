@@ -3,7 +3,6 @@ resume, divergence of one seed, and the compare grid."""
 
 import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -12,20 +11,13 @@ from posenc.training import finish, loop, multiseed, prepare, results
 from posenc.training import step as step_lib
 from posenc.training.checkpoint import Checkpointer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # experiments/ lives at the repository root
-    sys.path.insert(0, ROOT)
-
 # batched matmuls of the vmapped step may sum in another order than the single step's
 TOL = dict(rtol=2e-5, atol=1e-6)
 METRICS = ("loss", "accuracy", "exact_match", "train_loss")
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"posenc.configs.{name}")
 
 
 def config(seed):

@@ -386,9 +386,7 @@ def test_options_are_checked():
 
 
 def _tiny_config():
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     return module.get_config("tiny")
 
 

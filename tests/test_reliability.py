@@ -1,6 +1,6 @@
 """No lost work: SIGKILL at random moments, unreadable checkpoints, a second process on a workdir.
 
-The kill test runs a two-run grid (configs/default.py:tiny, seeds 0 and 1) in
+The kill test runs a two-run grid (default:tiny, seeds 0 and 1) in
 child processes that announce each phase on stdout (``@ <run> <event>
 <arg>``); a child told to stop inside an atomic file replace or a checkpoint
 commit waits there for its SIGKILL, one killed while training runs on. The children only patch their own
@@ -52,7 +52,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 from orbax.checkpoint._src.path import atomicity
 from posenc.training import evaluate, loop
-from configs import compare, default
+from posenc.configs import compare, default
 from posenc import experiments
 
 current, stop = ["grid"], [None]
@@ -342,9 +342,9 @@ class _Killed(BaseException):
 
 
 def _alibi_cell():
-    """configs/compare.py:smoke's alibi cell: seeds 0 and 1 vmapped together, 8 steps, checkpoints at 4
+    """compare:smoke's alibi cell: seeds 0 and 1 vmapped together, 8 steps, checkpoints at 4
     and 8, rows at lengths 8 and 16."""
-    from configs import compare
+    from posenc.configs import compare
 
     c = compare.get_config("smoke")
     c.grid.positions = ("alibi",)
@@ -407,7 +407,7 @@ def test_a_seed_restored_fitted_trains_no_more_in_a_resumed_cell(tmp_path, monke
     from posenc.training import loop, multiseed
 
     def config(seed):
-        from configs import default
+        from posenc.configs import default
 
         c = default.get_config("tiny")
         c.train.update(steps=12, log_every=4, checkpoint_every=4, fit_check_every=4, fit_accuracy=0.5, seed=seed)
@@ -579,9 +579,7 @@ def _holder(workdir, seconds=300.0):
 
 
 def _tiny():
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     return module.get_config("tiny")
 
 
@@ -641,9 +639,7 @@ def test_a_study_waits_for_the_lock_a_process_started_beside_it_holds_briefly(tm
 
 
 def load_compare_quick():
-    spec = importlib.util.spec_from_file_location("cfg_compare", os.path.join(ROOT, "configs", "compare.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.compare")
     c = module.get_config("quick")
     c.base = _tiny()
     c.grid.positions, c.grid.seeds = ("rope",), (0,)

@@ -164,10 +164,7 @@ def test_task_suite_grids_expand_and_validate():
     from helpers import grid_points
     from posenc import tasks
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("cfg_compare", os.path.join(root, "configs", "compare.py"))
-    configs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(configs)
+    configs = importlib.import_module("posenc.configs.compare")
     # Delétang et al. 2023, Table 2: the 15 tasks (parity_check is posenc's parity)
     deletang = {"even_pairs", "modular_arithmetic", "parity", "cycle_navigation", "stack_manipulation",
                 "reverse_string", "modular_arithmetic_brackets", "solve_equation", "duplicate_string",

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from configs import stability as stability_config
 from posenc import diagnostics, experiments, files
+from posenc.configs import stability as stability_config
 from posenc.experiments import engine, stability_report
 from posenc.experiments import stability as study
 from posenc.training import loop, results
@@ -55,7 +55,7 @@ def test_configs_validate():
         c.learning_rates, c.seeds = (lrs[-1],), (0,)
         _, points = engine.expand(experiments.study("stability"), c)  # every variant at every size validates
         assert len(points) == len({p.name for p in points}) == len(c.sizes) * len(c.variants)
-    with pytest.raises(ValueError, match="unknown configs/stability.py argument"):
+    with pytest.raises(ValueError, match="unknown stability config argument"):
         stability_config.get_config("fast")
 
 

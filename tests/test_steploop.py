@@ -18,9 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def config(seed=0, per_call=1):
-    spec = importlib.util.spec_from_file_location("cfg_default", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config("tiny")
     # 11 steps, boundaries at 4, 6, 8, 11: chunks of 3 are cut short at every one of them
     c.train.update(steps=11, log_every=4, checkpoint_every=6, warmup_steps=2, learning_rate=3e-3,

@@ -344,10 +344,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def text_config():
-    """configs/default.py:text (eval.lengths 64..1024) with a tiny model and a few steps."""
-    spec = importlib.util.spec_from_file_location("cfg_default_text", os.path.join(ROOT, "configs", "default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """default:text (eval.lengths 64..1024) with a tiny model and a few steps."""
+    module = importlib.import_module("posenc.configs.default")
     c = module.get_config("text")
     c.model.update(d_model=16, num_layers=1, num_heads=2)
     c.train.update(steps=2, warmup_steps=1, batch_size=4, steps_per_call=2, log_every=2, checkpoint_every=2,
@@ -380,7 +378,7 @@ def test_a_small_own_corpus_trains_and_evaluates_by_default(own, tmp_path, caplo
     c = text_config()
     c.task.options = {"path": own}
     with caplog.at_level(logging.INFO, logger="absl"):
-        rows = loop.run(c, str(tmp_path / "run"))  # eval.tokens as configs/default.py:text leaves it
+        rows = loop.run(c, str(tmp_path / "run"))  # eval.tokens as default:text leaves it
     assert c.eval.tokens == "auto" and c.eval.lengths == (64, 128, 256, 512, 1024)
     # the held-out split's 22000 tokens: 21 whole windows of 1024 (21504 targets + 1), at every length
     said = [r.getMessage() for r in caplog.records if "eval.tokens auto" in r.getMessage()]

@@ -1,10 +1,10 @@
 """Analysis of one trained run: where attention looks, what the position terms learned, where extrapolation breaks.
 
-    python -m experiments.analyze --workdir RUN_DIR
-    python -m experiments.analyze --workdir RUN_DIR --out docs/figures --prefix findings_analysis_t5_
+    python -m posenc analyze --workdir RUN_DIR
+    python -m posenc analyze --workdir RUN_DIR --out docs/figures --prefix findings_analysis_t5_
 
-RUN_DIR is a finished run (config.json and a checkpoint: experiments.train,
-or one of WORKDIR/runs/<run>/ of experiments.compare). Writes into --out
+RUN_DIR is a finished run (config.json and a checkpoint: python -m posenc train,
+or one of WORKDIR/runs/<run>/ of python -m posenc compare). Writes into --out
 (default RUN_DIR/analysis), each PNG only where it applies to the run:
 
 * ``<prefix>attention.png``: attention entropy (nats) and mean attention

@@ -53,8 +53,8 @@ class Grid(Section):
 class CompareConfig(Section):
     """A comparison grid: the base run, named variants (dicts of dotted fields) and the grid axes."""
 
-    name = Field("", doc="the grid's name (configs/compare.py:ARG)")
-    base = Sub(Run, "the run every grid point starts from (configs/default.py fields)")
+    name = Field("", doc="the grid's name (the ARG of --config compare:ARG)")
+    base = Sub(Run, "the run every grid point starts from (the default config's fields)")
     variants = Free("name -> dotted fields set by a grid entry of that name", dotted=True)
     grid = Sub(Grid)
     findings = Field("", o.one_of(*findings.KINDS), "findings.md written after the report: randomized | "

@@ -323,7 +323,7 @@ def _held(workdir: str) -> str:
     if kind is None:
         raise lock_lib.WorkdirHoldsOther(
             f"{workdir} holds no run or study ({lock_lib.RUN_FILE} or {STUDY_FILE}): give the --workdir "
-            "of a run (experiments.train) or a study (experiments.compare, extend, stability)")
+            "of a run (python -m posenc train) or a study (python -m posenc compare, extend, stability)")
     return kind
 
 

@@ -147,8 +147,8 @@ class Search(Section):
 class ExtendConfig(Section):
     """The extension study: a base RoPE run, methods, factors, budgets, passkey and the LongRoPE search."""
 
-    name = Field("", doc="the study's name (configs/extend.py:ARG)")
-    base = Sub(Run, "the base run's config (configs/default.py fields)")
+    name = Field("", doc="the study's name (the ARG of --config extend:ARG)")
+    base = Sub(Run, "the base run's config (the default config's fields)")
     base_run = Field("", doc="a finished run's workdir to extend instead of training base (RoPE without "
                              "scaling; its own seed)")
     base_hf = Field("", doc="a Hugging Face checkpoint directory (posenc.hf) to extend instead: its model "

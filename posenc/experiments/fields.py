@@ -61,12 +61,12 @@ def config_doc() -> str:
              "settable with `--config.<field>=<value>` (text parsed into the field's type; tuples as "
              "`(32,64)` or `32,64`, mappings as JSON). An unknown field fails in one line naming the "
              "closest valid one, however the config was built.", "",
-             "## A run (configs/default.py; `base.*` of every study)", "", run_table(),
+             "## A run (the default config; `base.*` of every study)", "", run_table(),
              "## Encoding options (`model.position.<kind>.*`)", "",
              "A field the chosen encodings do not use is an error when set.", ""]
     for name, rows in encoding_rows().items():
         lines += [f"### {name}", "", schema.markdown_table(rows)]
-    lines += ["## Studies (`--config` of experiments.compare, experiments.extend, experiments.stability)", ""]
+    lines += ["## Studies (`--config` of python -m posenc compare, extend, stability)", ""]
     for name, rows in study_rows().items():
         lines += [f"### {name}", "", schema.markdown_table(rows)]
     return "\n".join(lines)

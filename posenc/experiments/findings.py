@@ -1,9 +1,9 @@
 """Findings of a comparison grid beyond table.md: the randomized-positions gain and PE x norm placement.
 
-    python -m experiments.findings --workdir WORKDIR --kind randomized   # from WORKDIR/results.jsonl
-    python -m experiments.findings --workdir WORKDIR --figures docs/figures --name quick
+    python -m posenc findings --workdir WORKDIR --kind randomized   # from WORKDIR/results.jsonl
+    python -m posenc findings --workdir WORKDIR --figures docs/figures --name quick
 
-``experiments.compare`` calls :func:`write` after its report, so a grid
+``python -m posenc compare`` calls :func:`write` after its report, so a grid
 whose config sets ``findings`` writes these too; the command above redoes
 it from a finished grid's rows, and with ``--figures`` copies the grid's
 figures into DIR as ``findings_<name>_<file>.png``.
@@ -16,8 +16,8 @@ table.md; runs that diverged count as diverged. Cells are the mean and the
 95% t-interval over seeds (:func:`posenc.experiments.stats.interval`); a claim that one
 variant beats another is made only when the interval of their per-seed
 differences (:func:`posenc.experiments.stats.paired`) excludes zero.
-With ``--include_unfitted`` (``include_unfitted=True``; ``experiments.compare
---include_unfitted`` passes it on) the unfitted runs are scored too and the
+With ``--include_unfitted`` (``include_unfitted=True``; ``python -m posenc
+compare --include_unfitted`` passes it on) the unfitted runs are scored too and the
 cells say ``[k unfitted, included]``.
 
 * ``randomized`` (Ruoss et al. 2023): per task and encoding ``k``, the gain

@@ -45,8 +45,8 @@ def _sets(name, value):
 class StabilityConfig(Section):
     """The stability grid: sizes x variants x learning rates x seeds of one base run."""
 
-    name = Field("", doc="the study's name (configs/stability.py:ARG)")
-    base = Sub(Run, "the run config (configs/default.py fields)")
+    name = Field("", doc="the study's name (the ARG of --config stability:ARG)")
+    base = Sub(Run, "the run config (the default config's fields)")
     learning_rates = Field((1e-3,), _rates, "peak learning rates", type=tuple)
     variants = Free("name -> dotted fields on top of base", dotted=True, check=_sets)
     sizes = Free("name -> dotted fields (width / depth) of each model size", dotted=True, check=_sets)

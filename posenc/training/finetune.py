@@ -83,7 +83,7 @@ def load_run(workdir: str, *, finished: bool = True) -> FinishedRun:
     workdir = os.path.abspath(workdir)
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        raise ValueError(f"{workdir} holds no run (no config.json); train one with experiments.train")
+        raise ValueError(f"{workdir} holds no run (no config.json); train one with python -m posenc train")
     with open(path) as f:
         saved = json.load(f)
     resolved = prepare.resolve(ml_collections.ConfigDict(saved["config"]))

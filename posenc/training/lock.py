@@ -12,7 +12,7 @@ records the holder (pid, host, boot id, process start time, command, time
 taken) for the message a second process gets::
 
     WorkdirInUse: /tmp/run is in use by pid 4242 on host lab1 (since
-    2026-11-30T10:12:00, `python -m experiments.train ...`) ...
+    2026-11-30T10:12:00, `python -m posenc train ...`) ...
 
 A lock file left by a process that is gone (its pid no longer runs on this
 host, or now runs another process: the start time differs) is stale: the

@@ -170,7 +170,7 @@ class Run(Section):
 
 
 def run_config():
-    """The ConfigDict of a run with every default (configs/default.py starts from it)."""
+    """The ConfigDict of a run with every default (posenc/configs/default.py starts from it)."""
     return Run.config()
 
 

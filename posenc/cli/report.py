@@ -1,8 +1,8 @@
 """Rebuild the report of any study or run from its rows: a finished or partial grid, one run.
 
-    python -m experiments.report --workdir /tmp/compare
-    python -m experiments.report --workdir /tmp/compare --include_unfitted
-    python -m experiments.report --workdir /tmp/run          # a run: a comparison of one
+    python -m posenc report --workdir /tmp/compare
+    python -m posenc report --workdir /tmp/compare --include_unfitted
+    python -m posenc report --workdir /tmp/run          # a run: a comparison of one
 
 Reads WORKDIR/study.json and every point's rows (or a run's results.jsonl);
 cells of points without rows yet say so. Runs nothing. A workdir that holds
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:

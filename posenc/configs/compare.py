@@ -1,8 +1,8 @@
 """Length-extrapolation comparison grids (tasks x encodings x placements x norms x seeds).
 
-    python -m experiments.compare --config configs/compare.py:quick --workdir /tmp/compare
+    python -m posenc compare --config compare:quick --workdir /tmp/compare
 
-Each run is `base` (configs/default.py) with the grid point's fields set,
+Each run is `base` (the default config) with the grid point's fields set,
 trained in WORKDIR/runs/<task>_<position>_<norm>-<placement>_s<seed>/;
 complete runs are skipped, so an interrupted comparison resumes. Writes
 WORKDIR/results.jsonl, WORKDIR/table.md and WORKDIR/plots/<task>_<metric>.png.
@@ -23,7 +23,7 @@ Args:
     scaling   RoPE context extension at factor 4: one RoPE model per seed, trained
               once and evaluated zero-shot with PI, NTK, dynamic NTK, YaRN (paper and
               quadratic temperature), dynamic YaRN, LongRoPE (the YaRN factors its
-              search starts from; searched factors and fine-tuning: experiments.extend)
+              search starts from; searched factors and fine-tuning: the extend study)
               and Llama 3 scaling (evaluation variants), beside RoPE trained with YaRN
               and ALiBi.
     chomsky   every task with a Chomsky-hierarchy level (R, DCF, CS; read off the
@@ -54,7 +54,7 @@ Args:
     randomized  Ruoss et al. 2023: every encoding but NoPE with and without
               randomized positions (from [0, 2048)) on every Chomsky task, copy and
               reverse, trained on sizes up to 40, evaluated at sizes 40-500, 3 seeds;
-              findings.md: the OOD accuracy gain per encoding (experiments.findings).
+              findings.md: the OOD accuracy gain per encoding (posenc.experiments.findings).
     randomized_quick  sinusoidal, learned, rope (+ randomized) on copy,
               reverse_string, duplicate_string, sizes up to 8, evaluated at 8-64,
               3 seeds, fit to 0.95 accuracy in at most 3000 steps.
@@ -107,8 +107,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import default  # the repository root is on sys.path (python -m experiments...)
 from posenc.config.schema import unknown_argument
+from posenc.configs import default
 
 ARGS = ("quick", "smoke", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
         "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick", "arithmetic",
@@ -180,7 +180,7 @@ def _task_grid(c, per_task: dict, positions, *, quick: bool) -> None:
 
 def _more_zero_shot(base, factor: float) -> dict:
     """Dynamic YaRN (s = n / L), YaRN with the quadratic temperature, and LongRoPE with the
-    YaRN factors its search starts from (searched factors: experiments.extend)."""
+    YaRN factors its search starts from (searched factors: the extend study)."""
     from posenc import rope, rope_search
 
     m = base.model
@@ -198,7 +198,7 @@ def _more_zero_shot(base, factor: float) -> dict:
 
 
 def _preset_fields(base, name: str) -> dict:
-    """The dotted model.* fields that configs/default.py's preset ``name`` sets in ``base``."""
+    """The dotted model.* fields that the default config's preset ``name`` sets in ``base``."""
     return {k: v for k, v in default.PRESETS[name](base).items() if k.startswith("model.")}
 
 
@@ -276,7 +276,7 @@ def _randomized_grid(c, *, quick: bool) -> None:
     """Ruoss et al. 2023: each encoding with and without randomized positions, Chomsky and copy-like tasks.
 
     Variants ``<kind>`` and ``<kind>_randomized``; the findings report the
-    OOD accuracy gain per encoding (experiments.findings). The learned
+    OOD accuracy gain per encoding (posenc.experiments.findings). The learned
     table gets rows up to the longest position it can see (the longest
     evaluation length plain, randomized_max_position randomized).
     """
@@ -313,7 +313,7 @@ def _interaction(c, *, quick: bool) -> None:
     Encodings ``<kind>`` and ``<kind>_qknorm`` (QK RMSNorm); Mix-LN with
     one post-norm layer (the first), pre-norm after it. The findings give
     the best placement per encoding and whether it depends on the encoding
-    (experiments.findings). Both grids use the quick grid's 3-layer model
+    (posenc.experiments.findings). Both grids use the quick grid's 3-layer model
     (with 2 layers NoPE does not fit copy). The quick grid, sized for 2
     cores: the four encodings without the QK-norm dimension (the full grid
     has it), placements pre, post and sandwich, copy fitted to 0.95 in at
@@ -465,7 +465,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name = arg
     c.base = default.get_config()
     c.variants = default.fields({})
-    c.findings = ""  # experiments.findings kind written after the report ("" = none)
+    c.findings = ""  # posenc.experiments.findings kind written after the report ("" = none)
     c.targets = {}  # findings "sizes": a target check (posenc.experiments.findings)
     if arg == "quick":
         _quick_copy(c.base)
@@ -552,5 +552,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif arg == "arithmetic_cho_small":
         _arithmetic_cho_small(c)
     else:
-        raise unknown_argument("configs/compare.py", arg, ARGS)
+        raise unknown_argument("compare config", arg, ARGS)
     return c

@@ -1,10 +1,10 @@
 """Default experiment: a small decoder on `copy`, trained at length 32, evaluated up to 8x.
 
-    python -m experiments.train --config configs/default.py --workdir /tmp/run
-    python -m experiments.train --config configs/default.py:text,alibi --workdir /tmp/text
-    python -m experiments.train --config configs/default.py \
+    python -m posenc train --config default --workdir /tmp/run
+    python -m posenc train --config default:text,alibi --workdir /tmp/text
+    python -m posenc train --config default \
         --config.model.position.kind=alibi --config.train.steps=500 --workdir /tmp/alibi
-    python -m experiments.train --config configs/default.py --workdir /tmp/yarn \
+    python -m posenc train --config default --workdir /tmp/yarn \
         --config.model.position.rope.scaling=yarn --config.model.position.rope.factor=4
 
 Trains in about two minutes on a 2-core CPU. The `:ARG` is a comma-separated
@@ -57,7 +57,7 @@ from posenc.config.schema import unknown_argument
 from posenc.model import ENCODINGS, presets
 from posenc.training.schema import Run, run_config
 
-fields = overrides.fields  # configs/*.py build their variants with default.fields
+fields = overrides.fields  # the configs build their variants with default.fields
 
 
 def _local_size(c) -> int:
@@ -113,7 +113,7 @@ def word_fields(c: ml_collections.ConfigDict, token: str) -> dict:
     if token in PRESETS:
         return PRESETS[token](c)
     allowed = [*tasks.TASKS, *ENCODINGS, *norm_names.PLACEMENTS, "randomized", "fit", "tiny", *PRESETS]
-    raise unknown_argument("configs/default.py", token, allowed)
+    raise unknown_argument("default config", token, allowed)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -122,5 +122,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     for token in (arg or "").split(","):
         if token.strip():
             overrides.apply(c, word_fields(c, token.strip()), schema=Run,
-                            where=f"configs/default.py:{token.strip()}")
+                            where=f"default:{token.strip()}")
     return c

@@ -1,7 +1,7 @@
 """Training stability across learning rates (Wortsman et al. 2023): placements, QK-norm, z-loss, soft-capping.
 
-    python -m experiments.stability --config configs/stability.py:quick --workdir /tmp/stability
-    python -m experiments.stability --config configs/stability.py --workdir /tmp/stability_full
+    python -m posenc stability --config stability:quick --workdir /tmp/stability
+    python -m posenc stability --config stability --workdir /tmp/stability_full
 
 A grid sizes x variants x learning rates x seeds of byte-level language
 models (the text task), each trained from the same initialisation per seed
@@ -21,7 +21,7 @@ Args:
             2000 steps, three seeds.
 
 Fields:
-    base            the run config (configs/default.py fields); the baseline is
+    base            the run config (the default config's fields); the baseline is
                     pre-LN with LayerNorm (GPT-2, as the paper's models)
     learning_rates  peak learning rates (warmup 5%, then cosine, as the paper)
     variants        name -> dotted fields on top of base: baseline, qk_norm
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import default  # the repository root is on sys.path (python -m experiments...)
 from posenc.config.schema import unknown_argument
+from posenc.configs import default
 
 ARGS = ("smoke", "quick", "full")
 
@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The stability study ``arg`` (one of ARGS)."""
     arg = arg or "full"
     if arg not in ARGS:
-        raise unknown_argument("configs/stability.py", arg, ARGS)
+        raise unknown_argument("stability config", arg, ARGS)
     c = ml_collections.ConfigDict()
     c.name = arg
     b = c.base = default.get_config("text")

@@ -1,6 +1,6 @@
 """Training-stability study (posenc.experiments.stability): final loss against learning rate.
 
-    python -m experiments.stability --config configs/stability.py:quick --workdir /tmp/stability
+    python -m posenc stability --config stability:quick --workdir /tmp/stability
 
 Writes WORKDIR/results.jsonl, WORKDIR/table.md (LR sensitivity per variant
 and size, the final loss per learning rate) and WORKDIR/plots/; resumable,
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from absl import app
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:
-    runtime.define_config_and_workdir("Path to configs/stability.py[:ARG].",
+    runtime.define_config_and_workdir("stability[:ARG] (packaged) or a config file path/to/file.py[:ARG].",
                                       "Directory for all runs, the table and plots.")
 
 

@@ -1,7 +1,7 @@
 """Findings of a finished comparison grid (posenc.experiments.findings), and its figures for the docs.
 
-    python -m experiments.findings --workdir WORKDIR --kind randomized
-    python -m experiments.findings --workdir WORKDIR --figures docs/figures --name quick
+    python -m posenc findings --workdir WORKDIR --kind randomized
+    python -m posenc findings --workdir WORKDIR --figures docs/figures --name quick
 
 Writes WORKDIR/findings.md and its figures from the grid's rows (a grid
 whose config sets ``findings`` writes them already); ``--figures`` copies the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:

@@ -1,6 +1,6 @@
 """Run a comparison grid (posenc.experiments.compare), then write results.jsonl, table.md and plots.
 
-    python -m experiments.compare --config configs/compare.py:quick --workdir /tmp/compare
+    python -m posenc compare --config compare:quick --workdir /tmp/compare
 
 Each grid point trains and evaluates in WORKDIR/runs/<name>/ (resumable;
 complete points are skipped, so a killed grid loses only the points in
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:
-    runtime.define_config_and_workdir("Path to configs/compare.py[:ARG].",
+    runtime.define_config_and_workdir("compare[:ARG] (packaged) or a config file path/to/file.py[:ARG].",
                                       "Directory for all runs, the table and plots.")
     flags.DEFINE_bool("include_unfitted", False, "Report cells over every run, not only those that fitted.")
 

@@ -1,6 +1,19 @@
-"""Command-line entry points: ``python -m experiments.train`` and ``python -m experiments.compare``.
+"""The command-line programs: ``python -m posenc <command> [flags]`` (or ``posenc <command>``).
 
-Every entry point (and the test suite, tests/conftest.py) keeps JAX's
+    train      train one config, evaluate it at every eval length, write its report
+    compare    a comparison grid (posenc.experiments.compare)
+    extend     the context-extension study (posenc.experiments.extend)
+    stability  the training-stability study (posenc.experiments.stability)
+    report     rebuild the report of any study or run from its rows
+    findings   the findings of a finished comparison grid, and its figures
+    analyze    where a trained run's attention looks, what its positions learned
+
+Each is the module ``posenc.cli.<command>`` (``define_flags()``, ``main(argv)``;
+``python -m posenc.cli.<command>`` runs it too); ``--config`` takes a packaged
+config by name (``default:tiny``, ``compare:quick``: posenc/configs/) or a
+file (``path/to/file.py[:ARG]``). ``python -m posenc --help`` lists them.
+
+Every command (and the test suite, tests/conftest.py) keeps JAX's
 persistent compilation cache in :func:`default_cache_dir`, so that each
 (model, shape) compiles once per machine instead of once per process. Opt
 out with ``--jax_cache_dir=`` or ``POSENC_JAX_CACHE_DIR=`` (empty, ``0`` or

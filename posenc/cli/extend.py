@@ -1,8 +1,8 @@
 """Context extension study (posenc.experiments.extend): every RoPE scaling, zero-shot and fine-tuned.
 
-    python -m experiments.extend --config configs/extend.py:quick --workdir /tmp/extend
-    python -m experiments.extend --config configs/extend.py:quick --workdir /tmp/ext2 \\
-        --config.base_run=/tmp/run      # extend a finished run of experiments.train
+    python -m posenc extend --config extend:quick --workdir /tmp/extend
+    python -m posenc extend --config extend:quick --workdir /tmp/ext2 \\
+        --config.base_run=/tmp/run      # extend a finished run of posenc train
 
 Writes WORKDIR/results.jsonl, WORKDIR/table.md and WORKDIR/plots/; every
 point is resumable (rerun the same command to continue) and several
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from absl import app
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:
-    runtime.define_config_and_workdir("Path to configs/extend.py[:ARG].",
+    runtime.define_config_and_workdir("extend[:ARG] (packaged) or a config file path/to/file.py[:ARG].",
                                       "Directory for the base runs, fine-tunes, table and plots.")
 
 

@@ -7,11 +7,11 @@ import sys
 
 from absl import app, flags
 
-import experiments
+from posenc.cli import CACHE_ENV, default_cache_dir, enable_compilation_cache
 
-_CACHE = flags.DEFINE_string("jax_cache_dir", experiments.default_cache_dir(),
+_CACHE = flags.DEFINE_string("jax_cache_dir", default_cache_dir(),
                              "JAX persistent compilation cache directory ('' = off; default "
-                             f"${experiments.CACHE_ENV} or the user cache directory).")
+                             f"${CACHE_ENV} or the user cache directory).")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-process run: call jax.distributed.initialize() first (docs/multidevice.md).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
@@ -54,7 +54,7 @@ def load_plugins(names) -> None:
 
 
 def define_config_and_workdir(config_help: str, workdir_help: str) -> None:
-    """The required ``--config FILE[:ARG]`` and ``--workdir`` flags.
+    """The required ``--config NAME[:ARG]`` / ``--config FILE[:ARG]`` and ``--workdir`` flags.
 
     Called from an entry point's ``define_flags`` (when run as a program), before its own flags.
     ``--config.<field>=<value>`` arguments are not absl flags: :func:`main` takes them out of
@@ -143,4 +143,4 @@ def start() -> None:
 
         sharding.initialize_distributed(coordinator_address=_COORDINATOR.value,
                                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-    experiments.enable_compilation_cache(_CACHE.value)
+    enable_compilation_cache(_CACHE.value)

@@ -1,9 +1,9 @@
 """Train one config, evaluate it at every eval length, write results.
 
-    python -m experiments.train --config configs/default.py --workdir /tmp/run
-    python -m experiments.train --config configs/default.py:alibi \
+    python -m posenc train --config default --workdir /tmp/run
+    python -m posenc train --config default:alibi \
         --config.train.steps=500 --workdir /tmp/alibi
-    python -m experiments.train --config configs/default.py:tiny --plugins=my_encodings \
+    python -m posenc train --config default:tiny --plugins=my_encodings \
         --config.model.position.kind=half_alibi --workdir /tmp/mine
 
 Writes WORKDIR/config.json, WORKDIR/checkpoints/ (Orbax, last k kept),
@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:
     """The command line's flags (defined when run as a program, so that importing
     the module, as the tests do, defines none and modules do not clash)."""
-    runtime.define_config_and_workdir("Path to a config file (configs/*.py[:ARG]).",
-                                      "Directory for checkpoints and results.")
+    runtime.define_config_and_workdir("A packaged config by name (default[:ARG]) or a config file "
+                                      "(path/to/file.py[:ARG]).", "Directory for checkpoints and results.")
     flags.DEFINE_integer("max_steps_this_run", None, "Stop after this many steps (checkpointed); rerun to resume.")
 
 

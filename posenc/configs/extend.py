@@ -1,9 +1,9 @@
 """Context extension of a trained RoPE model: every scaling, zero-shot and after fine-tuning.
 
-    python -m experiments.extend --config configs/extend.py:quick --workdir /tmp/extend
-    python -m experiments.extend --config configs/extend.py --workdir /tmp/extend_full
-    python -m experiments.extend --config configs/extend.py:quick --workdir /tmp/ext2 \
-        --config.base_run=/tmp/run        # extend a finished RoPE run of experiments.train
+    python -m posenc extend --config extend:quick --workdir /tmp/extend
+    python -m posenc extend --config extend --workdir /tmp/extend_full
+    python -m posenc extend --config extend:quick --workdir /tmp/ext2 \
+        --config.base_run=/tmp/run        # extend a finished RoPE run of posenc train
 
 A base RoPE model is trained once per seed at length L on the byte-level
 text task (or `base_run` is reused). For each method and factor s it is
@@ -30,11 +30,11 @@ Args:
             two seeds; passkey at 512, 1024 and 2048.
 
 Fields:
-    base               the base run's config (configs/default.py fields)
+    base               the base run's config (the default config's fields)
     base_run           a finished run's workdir to extend instead of training
                        `base` (RoPE without scaling; its own seed)
     seeds              train.seed of each base run
-    methods            names of experiments.extend.METHODS: default (no scaling,
+    methods            names of posenc.experiments.extend.METHODS: default (no scaling,
                        extrapolation), linear (PI), ntk, dynamic (dynamic NTK,
                        s = n / L), yarn (temperature "paper": sqrt(1/t) = 0.1 ln s
                        + 1, as the paper and HF), yarn_quadratic (t = 1 + 0.1 ln s
@@ -43,7 +43,7 @@ Fields:
                        training-free remappings (model.position.rope.remap, zero-shot
                        only but dual_chunk): self_extend, rerope, leaky_rerope,
                        dual_chunk, string, streaming_llm, lm_infinite, with the
-                       papers' settings at (s, L) (experiments.extend.METHODS)
+                       papers' settings at (s, L) (posenc.experiments.extend.METHODS)
     factors            s: each method extends L to s L
     finetune_steps     budgets (0 = zero-shot only)
     finetune           train.* fields of the fine-tunes; batch_size 0 keeps the
@@ -62,8 +62,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import default  # the repository root is on sys.path (python -m experiments...)
 from posenc.config.schema import unknown_argument
+from posenc.configs import default
 
 ARGS = ("smoke", "quick", "retrieval", "retrieval_full", "full")
 RETRIEVAL_METHODS = ("default", "ntk", "yarn", "self_extend", "rerope", "dual_chunk", "string",
@@ -77,7 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The extension study ``arg`` (one of ARGS)."""
     arg = arg or "full"
     if arg not in ARGS:
-        raise unknown_argument("configs/extend.py", arg, ARGS)
+        raise unknown_argument("extend config", arg, ARGS)
     c = ml_collections.ConfigDict()
     c.name = arg
     b = c.base = default.get_config("text")

@@ -1,9 +1,9 @@
 """Analysis of one trained run (posenc.experiments.analyze): where attention looks, what positions learned.
 
-    python -m experiments.analyze --workdir RUN_DIR
-    python -m experiments.analyze --workdir RUN_DIR --out docs/figures --prefix findings_analysis_t5_
+    python -m posenc analyze --workdir RUN_DIR
+    python -m posenc analyze --workdir RUN_DIR --out docs/figures --prefix findings_analysis_t5_
 
-RUN_DIR is a finished run (config.json and a checkpoint: experiments.train,
+RUN_DIR is a finished run (config.json and a checkpoint: posenc train,
 or WORKDIR/runs/<run>/ of a study). Writes the figures and analysis.json of
 posenc.experiments.analyze into --out (default RUN_DIR/analysis).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from experiments import runtime
+from posenc.cli import runtime
 
 
 def define_flags() -> None:
