@@ -36,7 +36,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from posenc import alibi
+    from posenc.encodings import alibi
     from posenc.kernels import flash_attention, terms
 
     if a.dry_run:

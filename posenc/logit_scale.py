@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from posenc import checks
-from posenc.absolute import check_positions
+from posenc.encodings.absolute import check_positions
 
 
 def _check_int_array(name, value) -> jax.Array:

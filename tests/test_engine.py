@@ -103,6 +103,9 @@ def test_a_dead_writers_temporary_files_are_found_and_removed(tmp_path):
 
 
 # ------------------------------------------------------------------ layers
+# the family packages of pure functions (jax, numpy and the standard library only); posenc.hf
+# loads checkpoints into the model, so it is not one of them
+PURE_PACKAGES = ("encodings", "norms", "attention")
 LAYERS = ["pure", "config", "model", "tasks", "training", "experiments", "configs", "cli"]
 
 
@@ -110,7 +113,7 @@ def _layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "posenc":
         return None
-    if len(parts) == 1 or parts[1] in ("checks", "files"):
+    if len(parts) == 1 or parts[1] in ("checks", "files", *PURE_PACKAGES):
         return "pure"
     sub = parts[1]
     if sub == "__main__":  # python -m posenc <command>: the commands' dispatcher
@@ -142,6 +145,27 @@ def _modules():
                 rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
                 found[rel.removesuffix(".__init__")] = path
     return found
+
+
+def test_the_pure_modules_import_only_jax_numpy_and_the_standard_library():
+    allowed = {"jax", "jaxlib", "numpy", "__future__"} | set(sys.stdlib_module_names)
+    modules = _modules()
+    for m, path in modules.items():
+        if _layer(m) != "pure":
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                top = n.split(".")[0]
+                if top == "posenc":
+                    assert _layer(n) == "pure" or n in modules and _layer(n) == "pure", f"{m} imports {n}"
+                else:
+                    assert top in allowed, f"{m} (pure) imports {n}"
 
 
 def test_no_import_cycles_and_no_import_upwards():

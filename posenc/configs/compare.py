@@ -181,7 +181,7 @@ def _task_grid(c, per_task: dict, positions, *, quick: bool) -> None:
 def _more_zero_shot(base, factor: float) -> dict:
     """Dynamic YaRN (s = n / L), YaRN with the quadratic temperature, and LongRoPE with the
     YaRN factors its search starts from (searched factors: the extend study)."""
-    from posenc import rope, rope_search
+    from posenc.encodings.rope import rope, rope_search
 
     m = base.model
     rotary = rope.rotary_dim(m.head_dim or m.d_model // m.num_heads, m.position.rope.rotary_fraction)

@@ -264,7 +264,7 @@ def rope_wavelengths(resolved, factor: int) -> dict | None:
     """Wavelength per rotary pair, unscaled and with PI / NTK / YaRN at ``factor`` (None: no RoPE layer)."""
     import numpy as np
 
-    from posenc import rope, rope_scaling
+    from posenc.encodings.rope import rope, rope_scaling
 
     spec = resolved.spec
     if "rope" not in spec.position.kinds:

@@ -58,7 +58,7 @@ def plot_attention(profiles: dict, resolved, path: str) -> str:
 def plot_bias(curves: list[dict], num_heads: int, resolved, path: str) -> str:
     import numpy as np
 
-    from posenc import alibi
+    from posenc.encodings import alibi
     plt = figures.pyplot()
     merged = shared_layers(curves)
     fig, axes = plt.subplots(1, len(merged) + 1, figsize=(4.6 * (len(merged) + 1), 3.8), squeeze=False)

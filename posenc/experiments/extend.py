@@ -186,7 +186,7 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
     when it has one) and resets the options of other scalings and remappings to their defaults,
     whatever the base had.
     """
-    from posenc import rope_scaling
+    from posenc.encodings.rope import rope_scaling
     from posenc.model.encodings import rope as rope_unit
     from posenc.training import longrope as longrope_lib
 
@@ -217,7 +217,7 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
 
 def _placeholder_longrope(config, factor) -> dict:
     """The YaRN factors the search starts from: a stand-in for validating a LongRoPE fine-tune."""
-    from posenc import rope, rope_search
+    from posenc.encodings.rope import rope, rope_search
 
     m = config.model
     rotary = rope.rotary_dim(m.head_dim or m.d_model // m.num_heads, m.position.rope.rotary_fraction)
@@ -397,7 +397,7 @@ class Extend(engine.Study):
         return rows
 
     def _fields(self, ctx, point, base) -> dict:
-        from posenc import rope_search
+        from posenc.encodings.rope import rope_search
 
         f, length = point.fields["factor"], point.fields["length"]
         found = None

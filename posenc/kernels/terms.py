@@ -16,9 +16,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from posenc import checks
-from posenc import fire as fire_lib
-from posenc import kerple as kerple_lib
-from posenc import t5 as t5_lib
+from posenc.encodings import fire as fire_lib
+from posenc.encodings import kerple as kerple_lib
+from posenc.encodings import t5 as t5_lib
 from posenc.kernels.score_term import Term, distance, make, pick, pick2
 
 # ---- ALiBi (Press et al. 2021) ----

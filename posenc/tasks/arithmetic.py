@@ -65,7 +65,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from posenc import checks
-from posenc import position_coupling as coupling
+from posenc.encodings import position_coupling as coupling
 from posenc.tasks import digits as dg
 from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, WORD, Task, check_int, uniform
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from posenc import rope, rope_search
+from posenc.encodings.rope import rope, rope_search
 from posenc.model.encodings.rope import RoPE
 from posenc.training import step as step_lib
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import abacus, absolute
+from posenc.encodings import abacus, absolute
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, nonnegative_int, one_of, positive, positive_int
 
@@ -40,7 +40,7 @@ class Abacus(Encoding):
 
     relative = True  # reads no positions at all: shifting them changes nothing
     paper = "McLeish et al. 2024"
-    pure = "posenc.abacus"
+    pure = "posenc.encodings.abacus"
     max_k = Option(100, nonnegative_int, "largest training offset: k ~ U{0..max_k} (official "
                                          "max_abacus_len 100)")
     table_size = Option(1024, positive_int, "rows of the table (indices 0 .. table_size - 1)")

@@ -1,6 +1,6 @@
 """ALiBi: a linear distance bias, no parameters."""
 
-from posenc import alibi
+from posenc.encodings import alibi
 from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 
@@ -11,7 +11,7 @@ class ALiBi(Encoding):
 
     relative = True
     paper = "Press et al. 2021"
-    pure = "posenc.alibi"
+    pure = "posenc.encodings.alibi"
 
     def bias(self, q_positions, k_positions):
         return alibi.bias(q_positions, k_positions, alibi.slopes(self.num_heads))

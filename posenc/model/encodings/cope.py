@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import cope
+from posenc.encodings import cope
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, nonnegative_int
 
@@ -14,7 +14,7 @@ class CoPE(Encoding):
 
     relative = True
     paper = "Golovneva et al. 2024"
-    pure = "posenc.cope"
+    pure = "posenc.encodings.cope"
     full_rows = True
     npos = Option(0, nonnegative_int, "positions embedded (0: training length + 1, the "
                                       "reference's block_size + 1)", train_length=lambda n: n + 1)

@@ -2,7 +2,7 @@
 
 from flax import nnx
 
-from posenc import fire
+from posenc.encodings import fire
 from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, positive, positive_int
@@ -13,7 +13,7 @@ class Fire(Encoding):
     """Functional interpolation bias f(psi(i - j) / psi(max(L, i))), L = init_L x a learned multiplier."""
 
     paper = "Li et al. 2023"
-    pure = "posenc.fire"
+    pure = "posenc.encodings.fire"
     hidden = Option(32, positive_int, "hidden width of the MLP")
     c = Option(0.1, positive, "initial log scale c")
     init_L = Option(512.0, positive, "fixed threshold scale: L = init_L * L_multiplier (learned, init 1)")

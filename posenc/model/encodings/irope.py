@@ -6,7 +6,7 @@ Llama 4's NoPE layers also multiply their queries by a temperature: that is
 posenc/configs/default.py sets it, with chunked RoPE layers and QK-norm on them).
 """
 
-from posenc import irope
+from posenc.encodings import irope
 from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
 from posenc.model.options import Option, positive_int
@@ -18,7 +18,7 @@ class IRoPE(RoPE):
 
     relative = True
     paper = "Llama 4 (Meta 2025)"
-    pure = "posenc.irope"
+    pure = "posenc.encodings.irope"
     nope_every = Option(4, positive_int, "NoPE at layer ids nope_every - 1, 2 nope_every - 1, ...")
 
     @classmethod

@@ -3,7 +3,7 @@
 import jax
 from flax import nnx
 
-from posenc import kerple
+from posenc.encodings import kerple
 from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 
@@ -13,7 +13,7 @@ class _Kerple(Encoding):
 
     relative = True
     paper = "Chi et al. 2022"
-    pure = "posenc.kerple"
+    pure = "posenc.encodings.kerple"
     kernel = "log"
 
     def setup(self, rngs, first):

@@ -3,7 +3,7 @@
 import jax
 from flax import nnx
 
-from posenc import absolute
+from posenc.encodings import absolute
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, nonnegative_int
 
@@ -13,7 +13,7 @@ class Learned(Encoding):
     """Learned absolute table [max_length, D], GPT-2 init N(0, 0.02); no row past the table."""
 
     paper = "Radford et al. 2019"
-    pure = "posenc.absolute"
+    pure = "posenc.encodings.absolute"
     max_length = Option(0, nonnegative_int, "rows of the table (0: the training length)",
                         train_length=True)
 

@@ -4,7 +4,7 @@ import jax
 from flax import nnx
 
 from posenc import checks
-from posenc import position_coupling as coupling
+from posenc.encodings import position_coupling as coupling
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, nonnegative_int, positive
 
@@ -30,7 +30,7 @@ class PositionCoupling(Encoding):
     """
 
     paper = "Cho et al. 2024, 2025"
-    pure = "posenc.position_coupling"
+    pure = "posenc.encodings.position_coupling"
     max_position = Option(0, nonnegative_int, "largest id of a level (rows: max_position + 1; "
                                               "0: the training length)", train_length=True)
     levels = Option(1, _levels, "levels of the ids (1; 2-3: multi-level coupling, Cho et al. 2025)")

@@ -20,8 +20,9 @@ import typing
 import jax.numpy as jnp
 import numpy as np
 
-from posenc import checks, dual_chunk, rerope, rope, rope_scaling, self_extend, string_shift
-from posenc import sinks as sinks_lib
+from posenc import checks
+from posenc.encodings.rope import dual_chunk, rerope, rope, rope_scaling, self_extend, string_shift
+from posenc.encodings.rope import sinks as sinks_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, boolean, nonnegative_int, one_of, optional, positive, positive_floats
 
@@ -64,7 +65,7 @@ class RoPE(Encoding):
 
     relative = True
     paper = "Su et al. 2021"
-    pure = "posenc.rope"
+    pure = "posenc.encodings.rope.rope"
     scaling = Option("default", one_of(*rope_scaling.KINDS), "frequency scaling (posenc.rope.KINDS)")
     layout = Option("half", one_of(*rope.LAYOUTS), "pairs (j, j + d/2) | (2i, 2i + 1)")
     angles = Option("exact", one_of(*rope.ANGLES), "exact: phases reduced mod 2 pi from integer "

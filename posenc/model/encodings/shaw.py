@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import shaw
+from posenc.encodings import shaw
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, positive_int
 
@@ -15,7 +15,7 @@ class Shaw(Encoding):
 
     relative = True
     paper = "Shaw et al. 2018"
-    pure = "posenc.shaw"
+    pure = "posenc.encodings.shaw"
     max_distance = Option(20, positive_int, "clipping distance k (tensor2tensor's default 20)")
 
     def setup(self, rngs, first):

@@ -1,6 +1,6 @@
 """Fixed sinusoidal absolute embedding added to the token embeddings."""
 
-from posenc import absolute
+from posenc.encodings import absolute
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, one_of, positive
 
@@ -10,7 +10,7 @@ class Sinusoidal(Encoding):
     """Fixed sinusoidal absolute embedding (interleaved or concatenated sin / cos)."""
 
     paper = "Vaswani et al. 2017"
-    pure = "posenc.absolute"
+    pure = "posenc.encodings.absolute"
     layout = Option("interleaved", one_of(*absolute.LAYOUTS), "interleaved (paper) | concat (tensor2tensor)")
     base = Option(10000.0, positive, "wavelength base")
 

@@ -3,7 +3,7 @@
 import jax
 from flax import nnx
 
-from posenc import t5
+from posenc.encodings import t5
 from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, boolean, positive_int
@@ -15,7 +15,7 @@ class T5(Encoding):
 
     relative = True
     paper = "Raffel et al. 2020"
-    pure = "posenc.t5"
+    pure = "posenc.encodings.t5"
     num_buckets = Option(32, positive_int, "relative-position buckets")
     max_distance = Option(128, positive_int, "distance of the last bucket")
     shared = Option(True, boolean, "one table for every layer, owned by the first (T5, HF T5); "

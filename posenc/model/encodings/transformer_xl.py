@@ -3,7 +3,8 @@
 import jax
 from flax import nnx
 
-from posenc import rope, transformer_xl
+from posenc.encodings import transformer_xl
+from posenc.encodings.rope import rope
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, one_of
 
@@ -14,7 +15,7 @@ class TransformerXL(Encoding):
 
     relative = True
     paper = "Dai et al. 2019"
-    pure = "posenc.transformer_xl"
+    pure = "posenc.encodings.transformer_xl"
     angles = Option("exact", one_of(*rope.ANGLES), "sinusoid phases: exact (error independent of "
                     "the absolute position) | canonical (float32 products)")
 

@@ -1,6 +1,7 @@
 """xPos: RoPE with a per-pair exponential decay, queries scaled up and keys down."""
 
-from posenc import rope, xpos
+from posenc.encodings import xpos
+from posenc.encodings.rope import rope
 from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
 from posenc.model.options import Option, one_of, positive
@@ -19,7 +20,7 @@ class XPos(RoPE):
 
     relative = True
     paper = "Sun et al. 2022"
-    pure = "posenc.xpos"
+    pure = "posenc.encodings.xpos"
     layout = Option("interleaved", one_of(*rope.LAYOUTS), "pairs (2i, 2i + 1) (torchscale) | (j, j + d/2)")
     scale_base = Option(512.0, positive, "decay scale base")
     gamma = Option(0.4, positive, "zeta_i = (2i + gamma d) / ((1 + gamma) d)")

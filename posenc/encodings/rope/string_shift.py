@@ -35,7 +35,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from posenc import checks, remap
+from posenc import checks
+from posenc.encodings.rope import remap
 
 __all__ = ["regions", "relative_positions"]
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from posenc import checks
-from posenc.absolute import relative_distances
+from posenc.encodings.absolute import relative_distances
 
 
 def _check_num_heads(num_heads) -> int:

@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from posenc.absolute import relative_distances
+from posenc.encodings.absolute import relative_distances
 
 KINDS = ("log", "power")
 MIN_PARAM = 0.01  # the reference code's eps: a, p are clamped to >= 1e-2

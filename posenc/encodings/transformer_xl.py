@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from posenc import checks, phase
-from posenc.absolute import check_positions, relative_distances
-from posenc.shaw import gather_last
+from posenc import checks
+from posenc.encodings import phase
+from posenc.encodings.absolute import check_positions, relative_distances
+from posenc.encodings.shaw import gather_last
 
 ANGLES = ("exact", "canonical")
 

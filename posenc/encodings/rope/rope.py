@@ -55,8 +55,9 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from posenc import checks, phase
-from posenc.rope_scaling import KINDS, frequencies
+from posenc import checks
+from posenc.encodings import phase
+from posenc.encodings.rope.rope_scaling import KINDS, frequencies
 
 __all__ = ["ANGLES", "KINDS", "LAYOUTS", "angles", "apply", "cos_sin", "frequencies", "rotary_dim",
            "rotate"]

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from posenc import checks
-from posenc.absolute import check_positions, relative_distances
+from posenc.encodings.absolute import check_positions, relative_distances
 
 PARAM_SHAPES = ("w1 [1, hidden]", "b1 [hidden]", "w2 [hidden, H]", "b2 [H]", "c []", "L_multiplier []")
 LEGACY_THRESHOLD = "threshold"  # the previous layout: L learned directly instead of L_multiplier

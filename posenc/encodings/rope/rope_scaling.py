@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from posenc import checks
-from posenc import rope_scaling_math as _m
+from posenc.encodings.rope import rope_scaling_math as _m
 
 KINDS = ("default", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "longrope", "llama3",
          "proportional")

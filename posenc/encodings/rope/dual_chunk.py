@@ -38,7 +38,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from posenc import checks, remap
+from posenc import checks
+from posenc.encodings.rope import remap
 
 __all__ = ["chunk_length", "regions", "relative_positions"]
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from posenc import checks
-from posenc.absolute import relative_distances
+from posenc.encodings.absolute import relative_distances
 
 
 def _check_max_distance(max_distance) -> int:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from posenc import absolute, checks
+from posenc import checks
+from posenc.encodings import absolute
 
 STRIDE_BITS = 10
 STRIDE = 1 << STRIDE_BITS  # ids of one level are in [0, STRIDE) when there are several levels

@@ -53,7 +53,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from posenc import checks, remap
+from posenc import checks
+from posenc.encodings.rope import remap
 
 __all__ = ["lm_infinite_regions", "lm_infinite_relative_positions", "regions", "relative_positions"]
 

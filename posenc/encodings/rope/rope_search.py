@@ -59,7 +59,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from posenc import checks, files, rope_scaling
+from posenc import checks, files
+from posenc.encodings.rope import rope_scaling
 
 SEEDS = ("pi", "ntk", "yarn")
 

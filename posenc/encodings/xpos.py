@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from posenc import checks, rope
+from posenc import checks
+from posenc.encodings.rope import rope
 
 __all__ = ["MAX_LOG2_SCALE", "apply", "apply_pair", "max_distance", "pair_offset", "scale"]
 

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from posenc.absolute import check_positions
+from posenc.encodings.absolute import check_positions
 
 __all__ = ["Region", "distances", "from_regions", "positions", "visible"]
 
