@@ -18,6 +18,10 @@ def test_the_family_packages_are_scanned():
     assert names["rope"] == "posenc.encodings.rope.rope"
     assert names["alibi"] == "posenc.encodings.alibi"
     assert names["sinks"] == "posenc.encodings.rope.sinks"
+    assert names["qk_norm"] == "posenc.norms.qk_norm"
+    assert names["fox"] == "posenc.attention.fox"
+    for pkg in posenc.FAMILY_PACKAGES:  # every family package holds modules found here
+        assert any(real.rpartition(".")[0] == f"posenc.{pkg}" for _, real in FAMILIES), pkg
 
 
 @pytest.mark.parametrize("name,real", FAMILIES)
@@ -34,6 +38,15 @@ def test_three_import_forms_give_the_real_module(name, real):
     if public:  # from posenc.<name> import <function>
         exec(f"from posenc.{name} import {public[0]} as f", namespace)
         assert namespace["f"] is getattr(module, public[0])
+
+
+def test_a_real_package_wins_over_a_family_module_and_reexports_it():
+    from posenc.norms import norms as norms_module
+
+    assert "norms" not in posenc.family_modules()
+    assert posenc.norms is importlib.import_module("posenc.norms")
+    for f in ("layer_norm", "rms_norm", "deepnorm_constants", "softcap"):
+        assert getattr(posenc.norms, f) is getattr(norms_module, f)
 
 
 def test_the_names_of_the_design_resolve():

@@ -487,7 +487,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.variants = default.fields(attention_variants(c.base))
         c.grid = _grid(tasks=("copy", "reverse"), positions=(*sorted(ENCODINGS), *c.variants), seeds=(0, 1, 2))
     elif arg == "norms":
-        from posenc import norm_names
+        from posenc.norms import norm_names
 
         c.base.train.update(learning_rate=3e-3, progress=False)
         c.grid = _grid(placements=tuple(norm_names.PLACEMENTS), seeds=(0, 1))

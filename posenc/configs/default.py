@@ -51,10 +51,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from posenc import norm_names, tasks
+from posenc import tasks
 from posenc.config import overrides
 from posenc.config.schema import unknown_argument
 from posenc.model import ENCODINGS, presets
+from posenc.norms import norm_names
 from posenc.training.schema import Run, run_config
 
 fields = overrides.fields  # the configs build their variants with default.fields

@@ -12,7 +12,8 @@ former name ``nope_temperature``.
 
 from __future__ import annotations
 
-from posenc import checks, logit_scale
+from posenc import checks
+from posenc.attention import logit_scale
 
 # The former name: the temperature now lives with the other length-aware logit scalings.
 nope_temperature = logit_scale.temperature

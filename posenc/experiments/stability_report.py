@@ -16,8 +16,9 @@ import os
 
 import numpy as np
 
-from posenc import diagnostics, files
+from posenc import files
 from posenc.experiments import figures, stats, tables
+from posenc.norms import diagnostics
 
 
 def _loss(r) -> float:

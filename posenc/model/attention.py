@@ -45,10 +45,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from posenc import norms
 from posenc.model import fused
 from posenc.model.attention_call import IMPLS, AttentionCall, check_impl
 from posenc.model.attention_call import is_static_int as _static_int
+from posenc.norms import norms
 
 __all__ = ["IMPLS", "AttentionCall", "attention", "blocked_attention", "check_impl",
            "dense_attention", "span_start", "visible_keys", "weight_stats"]
@@ -95,7 +95,7 @@ def visible_keys(num_queries, *, q_offset, kv_length, causal=True, window=0, chu
     With the causal mask, ``posenc.logit_scale.num_keys``; without it, every
     key of the span below ``kv_length``.
     """
-    from posenc import logit_scale
+    from posenc.attention import logit_scale
 
     if causal:
         return logit_scale.num_keys(jnp.arange(num_queries), kv_length=kv_length, offset=q_offset,

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from posenc import checks, norm_names
+from posenc import checks
 from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options
 from posenc.model.attention_call import IMPLS
+from posenc.norms import norm_names
 
 RANDOMIZED_PER = ("batch", "example")
 LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import diagnostics, norms, placements
 from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
 from posenc.model.layers import Block, Norm
 from posenc.model.spec import ModelSpec
+from posenc.norms import diagnostics, norms, placements
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import logit_scale, norms, placements, qk_norm
+from posenc.attention import logit_scale
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
+from posenc.norms import norms, placements, qk_norm
 
 
 def lecun_normal(key, shape, fan_in):

@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from posenc import z_loss
 from posenc.encodings import absolute
+from posenc.norms import z_loss
 from posenc.training import optim
 from posenc.training import sharding as sharding_lib
 

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import fox
+from posenc.attention import fox
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.layers import lecun_normal, linear
 from posenc.model.options import Option, boolean, one_of, optional, positive
@@ -61,7 +61,7 @@ class FoX(Encoding):
 
     relative = True
     paper = "Lin et al. 2025"
-    pure = "posenc.fox"
+    pure = "posenc.attention.fox"
     cached_features = ("c",)
     pro = Option(False, boolean, "FoX (Pro): k / v token shift, per-head QK-norm, output gate and norm")
     gate = Option("full", one_of(*GATES), "forget gate: full (projection + bias) | bias_only | "

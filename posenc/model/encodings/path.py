@@ -7,13 +7,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import fox, norms
-from posenc import path as pa
+from posenc.attention import fox
+from posenc.attention import path as pa
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.layers import lecun_normal, linear
 from posenc.model.options import Option, nonnegative_int, optional, positive_int
+from posenc.norms import norms
 
 
 def _heads_first(c):
@@ -42,7 +43,7 @@ class PaTH(Encoding):
 
     relative = True
     paper = "Yang et al. 2025"
-    pure = "posenc.path"
+    pure = "posenc.attention.path"
     spans = ("full",)
     forget_gate = False  # PaTH-FoX: a FoX forget gate in the logits
     chunk = Option(64, positive_int, "tokens per chunk of the Householder products")

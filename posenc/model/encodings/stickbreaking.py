@@ -3,11 +3,11 @@
 import jax
 import jax.numpy as jnp
 
-from posenc import norms
-from posenc import stickbreaking as sb
+from posenc.attention import stickbreaking as sb
 from posenc.model import attention as attn_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.options import Option, boolean
+from posenc.norms import norms
 
 
 @register_encoding("stickbreaking")
@@ -25,7 +25,7 @@ class StickBreaking(Encoding):
 
     relative = True
     paper = "Tan et al. 2025"
-    pure = "posenc.stickbreaking"
+    pure = "posenc.attention.stickbreaking"
     spans = ("full",)
     attend_current = Option(False, boolean, "include the diagonal (j <= i); False: keys j < i "
                                             "(the official default)")

@@ -23,7 +23,8 @@ import math
 
 import jax.numpy as jnp
 
-from posenc import checks, norms
+from posenc import checks
+from posenc.norms import norms
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ model units: their registry is ``posenc.model.ENCODINGS``.
 
 from __future__ import annotations
 
-from posenc import checks, norms, placements, qk_norm
+from posenc import checks
+from posenc.norms import norms, placements, qk_norm
 
 NORM_KINDS: dict[str, str] = {name: k.description for name, k in norms.NORMS.items()}
 PLACEMENTS: dict[str, str] = {name: p.description for name, p in placements.PLACEMENTS.items()}

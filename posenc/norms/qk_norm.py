@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from posenc import checks, norms
+from posenc import checks
+from posenc.norms import norms
 
 _F32 = jnp.float32
 
