@@ -277,7 +277,7 @@ def study_row(row: dict, *, method: str, factor: float, seed: int, length: int, 
 
 def hf_base(config):
     """The run of a Hugging Face base (``base_hf``): ``base`` with the checkpoint's model section."""
-    from posenc import hf
+    from posenc.hf import hf
     from posenc.training import prepare
 
     c = prepare.plain_copy(config.base)
@@ -292,7 +292,7 @@ def hf_run(config):
     """The Hugging Face base as a finished run (its parameters; no checkpoint record of posenc's)."""
     from flax import nnx
 
-    from posenc import hf
+    from posenc.hf import hf
     from posenc.training import finetune, records
 
     resolved = hf_base(config)

@@ -204,7 +204,8 @@ def search(fitness: Callable[[np.ndarray], float], rotary_dim, *, factor, origin
         raise ValueError(f"fitness must be a callable lambda -> float; got {fitness!r}")
 
     st = _Search(fitness, d // 2, max_factor, step, prob, n_keep_std, np.random.default_rng(seed))
-    seeds, population = {}, []
+    seeds: dict = {}
+    population: list = []  # (fitness, n_keep, lambda) of every individual evaluated
     for name, lam in seed_factors(d, factor=s, original_length=original_length, base=base,
                                   beta_fast=beta_fast, beta_slow=beta_slow).items():
         match = [p for p in population if np.allclose(p[2], lam)]

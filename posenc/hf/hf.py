@@ -38,8 +38,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from posenc import hf_families
 from posenc.config import overrides as overrides_lib
+from posenc.hf import hf_families
 from posenc.model import Decoder, ModelSpec, model_config
 
 
