@@ -6,7 +6,8 @@ options (``Option`` class attributes: config fields, defaults, checks),
 extra validation (:meth:`Encoding.check`), its NNX parameters
 (:meth:`Encoding.setup`) and the protocol methods below. Where it touches
 attention is read off the methods it overrides, so it is never declared
-twice. The math lives in its pure module (``posenc/<name>.py``).
+twice. The math lives in its pure module (``posenc.<name>``, a module of
+``posenc/encodings``, ``posenc/norms`` or ``posenc/attention``; see ``pure``).
 
 Protocol (every method is a no-op here; attention calls them and never
 branches on the kind):
