@@ -1,6 +1,6 @@
 """posenc: positional encodings and normalization for transformer decoders.
 
-The folders are the layers (docs/design.md): the pure functions (jax only) live
+The folders are the layers (docs/api.md): the pure functions (jax only) live
 in the family packages ``posenc.encodings`` (with ``posenc.encodings.rope``),
 ``posenc.norms`` and ``posenc.attention``; ``posenc.model`` composes them into a
 Flax NNX decoder. See docs/api.md.
