@@ -88,11 +88,11 @@ def stages(args) -> list[dict]:
     g = _config("benchmarks/cases.py:G")
     g_len, g_batch = int(g.task.train_length), int(args.batch or g.train.batch_size)
     g_steps = int(g.bench.steps) + int(g.bench.warmup)
-    from posenc import experiments
-    from posenc.experiments import engine
+    from posenc import studies
+    from posenc.studies import engine
 
     add = _config(ADDITION)
-    base = engine.expand(experiments.study("compare"), add)[1][0].run.config  # its first arm's run
+    base = engine.expand(studies.study("compare"), add)[1][0].run.config  # its first arm's run
     add_len = int(base.task.train_length)  # the longest training example (tokens)
     seeds, arms = len(add.grid.seeds), len(add.grid.positions)
     host = _host_flops_per_s(base)

@@ -73,10 +73,10 @@ def decode_in_pieces(model, tokens, first, max_length):
 
 def grid_points(config, study="compare"):
     """Every point of a study config, validated (ConfigError on a bad one): the engine's expansion."""
-    from posenc import experiments
-    from posenc.experiments import engine
+    from posenc import studies
+    from posenc.studies import engine
 
-    return engine.expand(experiments.study(study), config)[1]
+    return engine.expand(studies.study(study), config)[1]
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

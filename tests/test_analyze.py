@@ -1,4 +1,4 @@
-"""posenc.experiments.analyze: attention weights, bias curves, RoPE wavelengths, per-position loss, end to end."""
+"""posenc.studies.analyze: attention weights, bias curves, RoPE wavelengths, per-position loss, end to end."""
 
 import json
 import math
@@ -12,7 +12,7 @@ from flax import nnx
 
 import posenc
 from helpers import decoder, tokens
-from posenc.experiments import analyze, analyze_plots
+from posenc.studies import analyze, analyze_plots
 
 
 def _zero_queries(model):

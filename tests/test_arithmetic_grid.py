@@ -5,7 +5,7 @@ import pytest
 from helpers import grid_points
 from posenc.config.schema import ConfigError
 from posenc.configs import compare
-from posenc.experiments import compare_report, engine, findings
+from posenc.studies import compare_report, engine, findings
 
 # what an arm may change besides the encoding: its task-side recipe (coupled ids, index hints) and,
 # with index hints (two tokens per digit, the hint symbols), the token lengths of the same problem

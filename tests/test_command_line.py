@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from helpers import ROOT, study_command
-from posenc import experiments
+from posenc import studies
 from posenc.configs import compare as compare_config
 from posenc.training import lock, loop
 
@@ -49,7 +49,7 @@ def test_a_study_in_a_run_s_workdir_is_refused_before_it_writes(tmp_path):
     w = _run_workdir(tmp_path)
     before = _snapshot(w)
     with pytest.raises(lock.WorkdirHoldsOther) as e:
-        experiments.run("compare", compare_config.get_config("smoke"), w)
+        studies.run("compare", compare_config.get_config("smoke"), w)
     assert str(e.value) == (f"{w} holds a run (config.json, 4 result rows); a study needs a workdir of its "
                             "own: use another --workdir (or remove this one)")
     assert _snapshot(w) == before  # not even a lock file
@@ -163,10 +163,10 @@ def test_a_trained_run_is_evaluated_again_at_new_lengths_without_training(traine
 def test_a_study_is_evaluated_again_at_new_lengths_without_training(tmp_path):
     c = compare_config.get_config("smoke")
     w = str(tmp_path / "study")
-    rows = experiments.run("compare", c, w)
+    rows = studies.run("compare", c, w)
     logs = {p: open(os.path.join(w, "runs", p, "train_log.jsonl")).read() for p in os.listdir(os.path.join(w, "runs"))}
     c.base.eval.lengths = (8, 16, 24)
-    more = experiments.run("compare", c, w)
+    more = studies.run("compare", c, w)
     assert {p: open(os.path.join(w, "runs", p, "train_log.jsonl")).read() for p in logs} == logs
     assert len(more) == len(rows) // 2 * 3 and {r["eval_length"] for r in more} == {8, 16, 24}
     key = lambda r: (r["run"], r["eval_length"])  # noqa: E731
@@ -179,14 +179,14 @@ def test_a_run_is_a_study_of_one_for_rows_and_report(trained, tmp_path):
     """load_rows and report take a run's workdir: its rows as a comparison of one point, its
     table.md and plots; a workdir holding neither is refused in one line (exit 2 at the command line)."""
     w = _copy(trained, tmp_path, "myrun")
-    rows = experiments.load_rows(w)
+    rows = studies.load_rows(w)
     assert len(rows) == 1 and (rows[0]["variant"], rows[0]["task_variant"], rows[0]["run"]) == \
         (rows[0]["position"], rows[0]["task"], "myrun")
-    written = experiments.report(w)
+    written = studies.report(w)
     assert os.path.join(w, "table.md") in written and any(p.endswith(".png") for p in written)
     assert "| encoding |" in open(os.path.join(w, "table.md")).read()
     with pytest.raises(lock.WorkdirHoldsOther, match="holds no run or study"):
-        experiments.report(str(tmp_path / "missing"))
+        studies.report(str(tmp_path / "missing"))
     import sys
 
     p = subprocess.run([sys.executable, "-m", "posenc", "report", f"--workdir={tmp_path / 'missing'}"],

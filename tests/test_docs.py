@@ -11,7 +11,7 @@ import pytest
 
 from helpers import ROOT
 from posenc.config import cli
-from posenc.experiments import fields as fields_doc
+from posenc.studies import fields as fields_doc
 from posenc.training.schema import Run
 
 README = os.path.join(ROOT, "README.md")
@@ -27,7 +27,7 @@ def _blocks(kind, paths=(README,)):
 def test_the_field_tables_are_the_generated_ones():
     text = open(README).read()
     block = text.split(fields_doc.BEGIN, 1)[1].split(fields_doc.END, 1)[0]
-    assert block.strip() == fields_doc.run_table().strip(), "run `python -m posenc.experiments.fields --write .`"
+    assert block.strip() == fields_doc.run_table().strip(), "run `python -m posenc.studies.fields --write .`"
     assert open(os.path.join(ROOT, "docs", "config.md")).read() == fields_doc.config_doc()
 
 
@@ -91,10 +91,10 @@ def eval_default(rows, field):
 
 @pytest.mark.parametrize("study", ["compare", "extend", "stability"])
 def test_every_study_field_is_settable(study):
-    from posenc import experiments
+    from posenc import studies
 
     spec = f"{study}:smoke"
-    base = experiments.engine.validate(experiments.study(study), cli.load(spec))  # every field, defaults too
+    base = studies.engine.validate(studies.study(study), cli.load(spec))  # every field, defaults too
     for field, _, _ in fields_doc.study_rows()[study]:
         value = base
         for part in field.split("."):
@@ -103,8 +103,8 @@ def test_every_study_field_is_settable(study):
             text = __import__("json").dumps(value.to_dict())
         else:
             text = _as_text(value)
-        c = cli.load(spec, [(field, text)], schema=experiments.study(study).schema)
-        experiments.engine.validate(experiments.study(study), c)
+        c = cli.load(spec, [(field, text)], schema=studies.study(study).schema)
+        studies.engine.validate(studies.study(study), c)
 
 
 def test_a_misspelled_argument_or_field_is_one_line(tmp_path):
@@ -144,7 +144,7 @@ def _commands():
 
 
 def test_the_readmes_commands_name_real_configs_and_fields():
-    from posenc import experiments
+    from posenc import studies
 
     commands = _commands()
     assert len(commands) >= 10
@@ -156,7 +156,7 @@ def test_the_readmes_commands_name_real_configs_and_fields():
         if config is None:
             continue
         overrides = [tuple(w[len("--config."):].split("=", 1)) for w in words if w.startswith("--config.")]
-        s = experiments.study(module).schema if module in ("compare", "extend", "stability") else (
+        s = studies.study(module).schema if module in ("compare", "extend", "stability") else (
             Run if module == "train" else None)  # other entry points: their config's own fields
         plugins = [w for w in words if w.startswith("--plugins")]
         if plugins:  # the plugin's own encoding: checked by the plugin test below
@@ -215,7 +215,7 @@ def test_the_readmes_python_blocks_run_as_written(tmp_path):
 
 
 def test_the_fields_tool_prints_and_writes_only_when_asked(tmp_path, capsys, monkeypatch):
-    """``python -m posenc.experiments.fields`` prints every field; ``--write ROOT`` rewrites a checkout's
+    """``python -m posenc.studies.fields`` prints every field; ``--write ROOT`` rewrites a checkout's
     README table and docs/config.md, and refuses a directory that is not one, in one line."""
     monkeypatch.chdir(tmp_path)
     assert fields_doc.main([]) == 0

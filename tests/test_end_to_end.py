@@ -111,14 +111,14 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
 
 
 def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatch):
-    from posenc import experiments
+    from posenc import studies
 
     c = load("compare").get_config("quick")
     c.base = tiny()
     c.variants = overrides.fields({})  # the plain learned table of tiny(): 16 rows
     c.grid.positions = ("learned", "alibi")
     c.grid.seeds = (0,)
-    rows = experiments.run("compare", c, str(tmp_path))
+    rows = studies.run("compare", c, str(tmp_path))
     assert sorted((r["variant"], r["eval_length"]) for r in rows) == [
         ("alibi", 16), ("alibi", 32), ("learned", 16), ("learned", 32)]
     learned_long = next(r for r in rows if r["variant"] == "learned" and r["eval_length"] == 32)
@@ -134,14 +134,14 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
 
     monkeypatch.setattr(step_lib, "train_step_fn", no_training)
     monkeypatch.setattr(step_lib, "train_chunk_fn", no_training)
-    again = experiments.run("compare", c, str(tmp_path))
+    again = studies.run("compare", c, str(tmp_path))
     assert again == rows
     assert len(results.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
 
 
 def test_grid_expansion_and_overrides():
     from helpers import grid_points
-    from posenc.experiments import engine
+    from posenc.studies import engine
 
     c = load("compare").get_config("scaling")
     points = {p.fields["variant"]: p.run for p in grid_points(c) if p.run.config.train.seed == 0}

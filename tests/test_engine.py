@@ -9,18 +9,18 @@ import sys
 import pytest
 
 from helpers import ROOT, study_command
-from posenc import experiments, files
+from posenc import files, studies
 from posenc.config.schema import ConfigError
 from posenc.configs import compare as compare_config
-from posenc.experiments import engine
-from posenc.experiments import rows as rows_lib
+from posenc.studies import engine
+from posenc.studies import rows as rows_lib
 from posenc.training import lock
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("smoke"))
-    return workdir, experiments.run("compare", compare_config.get_config("smoke"), workdir)
+    return workdir, studies.run("compare", compare_config.get_config("smoke"), workdir)
 
 
 @pytest.mark.slow
@@ -34,7 +34,7 @@ def test_two_processes_split_a_grid_and_write_the_rows_of_one(smoke, tmp_path):
     assert [p.returncode for p in procs] == [0, 0], said
     ran = [int(re.search(r"compare: (\d+) points run here", s).group(1)) for s in said]
     assert sorted(ran) == [2, 2]  # two cells of two vmapped seeds: one cell each, none twice
-    rows = experiments.load_rows(workdir)
+    rows = studies.load_rows(workdir)
     assert rows_lib.without_volatile(rows) == rows_lib.without_volatile(reference)
     assert rows == files.read_jsonl(os.path.join(workdir, "results.jsonl"))
 
@@ -46,7 +46,7 @@ def test_a_partial_grid_reports_what_is_missing(smoke, tmp_path):
     workdir = str(tmp_path / "partial")
     shutil.copytree(smoke[0], workdir)
     os.unlink(os.path.join(workdir, "runs", "copy_alibi_rms-pre_s1", engine.ROWS_FILE))
-    written = experiments.report(workdir)
+    written = studies.report(workdir)
     table = open(os.path.join(workdir, "table.md")).read()
     assert table.startswith("**Partial: 1 of 4 points have no rows yet** (copy_alibi_rms-pre_s1)")
     assert "| alibi | " in table and "; 2 seed(s)" in table  # rope has both seeds, alibi one
@@ -59,13 +59,13 @@ def test_a_workdir_of_another_study_config_is_refused(smoke):
     c = compare_config.get_config("smoke")
     c.grid.positions = ("rope", "t5")
     with pytest.raises(lock.WorkdirHoldsOther, match=r"holds the compare study of another config"):
-        experiments.run("compare", c, smoke[0])
+        studies.run("compare", c, smoke[0])
 
 
 @pytest.mark.slow
 def test_rows_are_plain_dicts_a_dataframe_takes(smoke):
     pd = pytest.importorskip("pandas")
-    rows = experiments.load_rows(smoke[0])
+    rows = studies.load_rows(smoke[0])
     df = pd.DataFrame(rows)
     assert len(df) == len(rows) == 8 and {"variant", "eval_length", "accuracy", "point"} <= set(df.columns)
     means = df.groupby(["variant", "eval_length"])["accuracy"].mean()
@@ -77,15 +77,15 @@ def test_rows_are_plain_dicts_a_dataframe_takes(smoke):
 
 def test_unknown_study_and_points_are_errors():
     with pytest.raises(ConfigError, match="unknown study 'compar'; choose one of: compare, extend, stability"):
-        experiments.study("compar")
+        studies.study("compar")
     c = compare_config.get_config("smoke")
     c.grid.positions = ("rope", "rope")
     with pytest.raises(ConfigError, match="several points named 'copy_rope_rms-pre_s0'"):
-        engine.expand(experiments.study("compare"), c)
+        engine.expand(studies.study("compare"), c)
     c = compare_config.get_config("smoke")
     c.grid.typo = 1
     with pytest.raises(ConfigError, match=r"unknown config field 'grid.typo'"):
-        engine.expand(experiments.study("compare"), c)
+        engine.expand(studies.study("compare"), c)
 
 
 def test_a_dead_writers_temporary_files_are_found_and_removed(tmp_path):
@@ -107,7 +107,7 @@ def test_a_dead_writers_temporary_files_are_found_and_removed(tmp_path):
 # of the public API and the attention kernels; posenc.hf loads checkpoints into the model, so it is
 # not one of them
 PURE_PACKAGES = ("encodings", "norms", "attention", "kernels")
-LAYERS = ["pure", "config", "model", "tasks", "training", "experiments", "configs", "cli"]
+LAYERS = ["pure", "config", "model", "tasks", "training", "studies", "configs", "cli"]
 
 
 def _layer(module: str) -> str | None:
@@ -173,7 +173,7 @@ def test_no_import_cycles_and_no_import_upwards():
     modules = _modules()
     graph = {m: _imports(p, modules) - {m} for m, p in modules.items()}
     # the packaged configs and the command-line programs on top: nothing below imports them
-    order = {"pure": 0, "config": 1, "model": 2, "tasks": 2, "training": 3, "experiments": 4, "configs": 5,
+    order = {"pure": 0, "config": 1, "model": 2, "tasks": 2, "training": 3, "studies": 4, "configs": 5,
              "cli": 6}
     for m, deps in graph.items():
         for d in deps:

@@ -11,11 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from posenc import experiments, rope_search
+from posenc import rope_search, studies
 from posenc.configs import extend as extend_config
-from posenc.experiments import engine
-from posenc.experiments import extend as study
 from posenc.model import ModelSpec
+from posenc.studies import engine
+from posenc.studies import extend as study
 from posenc.training import finetune, longrope, prepare, results
 
 
@@ -26,7 +26,7 @@ def tiny_config():
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("extend"))
-    return workdir, experiments.run("extend", tiny_config(), workdir)
+    return workdir, studies.run("extend", tiny_config(), workdir)
 
 
 def run_dir(workdir, name):
@@ -48,14 +48,14 @@ def test_every_method_builds_a_valid_config(tiny_study):
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
     assert all(o["original_length"] == 16 for m, o in options.items()
                if m not in ("linear", "ntk") and study.METHODS[m].scaling is not None)
-    # the remappings at s = 4, L = 16: the papers' settings (posenc.experiments.extend.METHODS)
+    # the remappings at s = 4, L = 16: the papers' settings (posenc.studies.extend.METHODS)
     assert {k: options["self_extend"][k] for k in ("remap", "group", "window", "scaling")} == dict(
         remap="self_extend", group=8, window=8, scaling="default")
     assert (options["leaky_rerope"]["window"], options["leaky_rerope"]["leaky"]) == (4, 8.0)
     assert (options["dual_chunk"]["chunk"], options["dual_chunk"]["local_window"]) == (12, 2)
     assert (options["streaming_llm"]["sinks"], options["streaming_llm"]["window"]) == (4, 11)
     assert all(o["remap"] == "none" for m, o in options.items() if not study.METHODS[m].remap)
-    points = {p.name for p in engine.expand(experiments.study("extend"), _all_methods())[1]}
+    points = {p.name for p in engine.expand(studies.study("extend"), _all_methods())[1]}
     assert "finetune_dual_chunk_x2_s0" in points and "finetune_self_extend_x2_s0" not in points
     for m in ("dynamic_yarn", "llama3", "longrope", "dual_chunk"):  # fine-tunes at 64 keep L = 16
         ft = prepare.resolve(study.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
@@ -96,7 +96,7 @@ def test_study_rows_table_and_plots(tiny_study):
                 and r["eval_length"] == 16)
     assert zero["loss"] == pytest.approx(base_rows[0]["loss"], rel=1e-6)
     # a rerun trains nothing and returns the same rows
-    assert experiments.run("extend", tiny_config(), workdir) == rows
+    assert studies.run("extend", tiny_config(), workdir) == rows
 
 
 def _final_params(run_dir):
@@ -110,7 +110,7 @@ def continued(tiny_study, tmp_path_factory):
     c.base_run = run_dir(tiny_study[0], "base_s0")
     c.methods, c.finetune_steps = ("default",), (2, 4)
     workdir = str(tmp_path_factory.mktemp("continued"))
-    rows = experiments.run("extend", c, workdir)
+    rows = studies.run("extend", c, workdir)
     return workdir, c.base_run, [r for r in rows if r["finetune_steps"] == 4]
 
 
@@ -208,7 +208,7 @@ def test_passkey_on_a_text_model(tiny_study):
 def test_config_args():
     for arg in extend_config.ARGS:
         c = extend_config.get_config(arg)
-        engine.expand(experiments.study("extend"), c)
+        engine.expand(studies.study("extend"), c)
         if arg not in ("smoke", "retrieval", "retrieval_full"):
             assert set(c.methods) == set(study.METHODS)
         assert c.finetune.min_lr_ratio == 1.0  # budgets continue each other
@@ -216,11 +216,11 @@ def test_config_args():
     c = extend_config.get_config("quick")
     c.methods = ("yarn", "pi")
     with pytest.raises(prepare.ConfigError, match="methods entry"):
-        engine.validate(experiments.study("extend"), c)
+        engine.validate(studies.study("extend"), c)
     c = extend_config.get_config("quick")
     c.retrieval_tasks = ("passkey", "niah")
     with pytest.raises(prepare.ConfigError, match=r"retrieval_tasks entry: unknown task 'niah'"):
-        engine.validate(experiments.study("extend"), c)
+        engine.validate(studies.study("extend"), c)
     with pytest.raises(ValueError, match="unknown extend config argument"):
         extend_config.get_config("tiny")
 
@@ -230,7 +230,7 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     import random
 
     from helpers import kill_during_a_point, leftovers, study_command
-    from posenc.experiments import rows as rows_lib
+    from posenc.studies import rows as rows_lib
 
     _, reference = tiny_study
     workdir = str(tmp_path / "killed")
@@ -238,7 +238,7 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     killed, said = kill_during_a_point(study_command("extend", "smoke", workdir), rng)
     assert killed, "".join(said[-20:])
     kill_during_a_point(study_command("extend", "smoke", workdir), rng, kill=False)
-    assert rows_lib.without_volatile(experiments.load_rows(workdir)) == rows_lib.without_volatile(reference)
+    assert rows_lib.without_volatile(studies.load_rows(workdir)) == rows_lib.without_volatile(reference)
     assert leftovers(workdir) == []
 
 
@@ -256,7 +256,7 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     c.base.eval.update(batch_size=2, num_batches=1, tokens=16)  # two windows of 8, one of 16
     c.methods, c.factors, c.finetune_steps = ("default", "linear", "yarn", "streaming_llm"), (2,), (0,)
     workdir = str(tmp_path / "ext")
-    rows = experiments.run("extend", c, workdir)
+    rows = studies.run("extend", c, workdir)
     assert {(r["method"], r["eval_length"]) for r in rows} == {(m, n) for m in c.methods for n in (8, 16)}
     # the default method is the checkpoint itself: its loss on the first held-out windows of 8 tokens
     model = hf.load(model_dir)
@@ -275,11 +275,11 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     assert sl[8] == pytest.approx(base_row["loss"], rel=1e-5) and sl[16] != pytest.approx(base16, rel=1e-4)
     with pytest.raises(prepare.ConfigError, match="base_run and base_hf both name a base model"):
         c.base_run = workdir
-        engine.validate(experiments.study("extend"), c)
+        engine.validate(studies.study("extend"), c)
 
 
 def test_the_paired_table_compares_each_method_with_extrapolation_seed_by_seed():
-    from posenc.experiments import extend_report
+    from posenc.studies import extend_report
 
     def row(method, seed, em, sweep=None):
         return dict(task="passkey", method=method, seed=seed, factor=4.0, finetune_steps=0, eval_length=64,

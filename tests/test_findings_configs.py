@@ -1,4 +1,4 @@
-"""The findings grids of the compare config (quick, lm, randomized, interaction) and posenc.experiments.findings."""
+"""The findings grids of the compare config (quick, lm, randomized, interaction) and posenc.studies.findings."""
 
 import os
 
@@ -7,8 +7,8 @@ import pytest
 from helpers import grid_points
 from posenc import placements, tasks
 from posenc.configs import compare
-from posenc.experiments import engine, findings
 from posenc.model import ENCODINGS
+from posenc.studies import engine, findings
 
 
 def _points(arg, **grid):

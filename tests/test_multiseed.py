@@ -154,15 +154,15 @@ def test_configs_must_differ_only_in_seed(tmp_path):
 
 def test_compare_grid_trains_seeds_together(tmp_path, separate):
     from helpers import grid_points
-    from posenc import experiments
-    from posenc.experiments import engine
+    from posenc import studies
+    from posenc.studies import engine
 
     c = load("compare").get_config("quick")
     c.base = config(0)
     c.grid.update(positions=("rope",), seeds=(0, 1), vmap_seeds=True)
     points = grid_points(c)
     assert [[p.name for p in g] for g in engine.groups(points)] == [[points[0].name, points[1].name]]
-    rows = experiments.run("compare", c, str(tmp_path))
+    rows = studies.run("compare", c, str(tmp_path))
     assert [(r["run"], r["seeds_trained_together"]) for r in rows] == [
         ("copy_rope_rms-pre_s0", 2), ("copy_rope_rms-pre_s1", 2)]
     for r, s in zip(rows, (0, 1)):

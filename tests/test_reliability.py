@@ -53,7 +53,7 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 from orbax.checkpoint._src.path import atomicity
 from posenc.training import evaluate, loop
 from posenc.configs import compare, default
-from posenc import experiments
+from posenc import studies
 
 current, stop = ["grid"], [None]
 
@@ -103,7 +103,7 @@ def child(workdir):
     c.base = default.get_config("tiny")  # 20 steps, checkpoints at 10 and 20, evals at 16 and 32
     c.grid.positions, c.grid.seeds = ("rope",), (0, 1)
     c.grid.vmap_seeds = False  # one loop.run per seed: the phases patched above
-    experiments.run("compare", c, workdir)
+    studies.run("compare", c, workdir)
     mark("done")
 
 print("ready", flush=True)
@@ -357,12 +357,12 @@ def test_a_seed_group_killed_between_its_seeds_writes_resumes_bit_identical(tmp_
     different steps; the lagging seed trained on alone (``loop.run``: another program, other float32
     rounding: 1e-7 off) and wrote rows without ``seeds_trained_together``. Resumed, it trains in the
     stack of the uninterrupted cell (its sibling holding its place) and every row is bit-identical."""
-    from posenc import experiments
-    from posenc.experiments import rows as rows_lib
+    from posenc import studies
+    from posenc.studies import rows as rows_lib
     from posenc.training import finish
 
     config, seed0 = _alibi_cell(), "copy_alibi_rms-pre_s0"
-    reference = experiments.run("compare", config, str(tmp_path / "ref"))
+    reference = studies.run("compare", config, str(tmp_path / "ref"))
     assert len(reference) == 4 and {r["seeds_trained_together"] for r in reference} == {2}
     real_save, real_write = records.RunLog.save, finish.write_rows
 
@@ -386,8 +386,8 @@ def test_a_seed_group_killed_between_its_seeds_writes_resumes_bit_identical(tmp_
             m.setattr(records.RunLog, "save", save)
             m.setattr(finish, "write_rows", write_rows)
             with pytest.raises(_Killed):  # after seed 0's write, before seed 1's
-                experiments.run("compare", config, workdir)
-        rows = experiments.run("compare", config, workdir)
+                studies.run("compare", config, workdir)
+        rows = studies.run("compare", config, workdir)
         assert rows_lib.without_volatile(rows) == rows_lib.without_volatile(reference), (what, arg)
         for run in (seed0, "copy_alibi_rms-pre_s1"):
             a, b = (os.path.join(d, "runs", run) for d in (str(tmp_path / "ref"), workdir))
@@ -403,7 +403,7 @@ def test_a_seed_restored_fitted_trains_no_more_in_a_resumed_cell(tmp_path, monke
     check of step 4, seed 1 never (12 steps). Killed after step 5 (both checkpointed at 4), the resumed
     cell stacked both again and seed 0 trained on to step 8 (steps_to_fit 8); killed between their
     checkpoints at 4, each trained alone. Resumed, both rows equal the uninterrupted cell's, bit for bit."""
-    from posenc.experiments import rows as rows_lib
+    from posenc.studies import rows as rows_lib
     from posenc.training import loop, multiseed
 
     def config(seed):
@@ -585,7 +585,7 @@ def _tiny():
 
 def test_a_second_process_on_a_workdir_in_use_is_refused_then_a_dead_holders_lock_is_taken(
         tmp_path, caplog, monkeypatch):
-    from posenc import experiments
+    from posenc import studies
     from posenc.training import loop
 
     def no_training(*a, **k):
@@ -601,7 +601,7 @@ def test_a_second_process_on_a_workdir_in_use_is_refused_then_a_dead_holders_loc
         assert os.listdir(work) == [".lock"]  # nothing claimed, nothing written
         grid = load_compare_quick()
         with pytest.raises(lock.WorkdirInUse, match=f"in use by pid {proc.pid}"):
-            experiments.run("compare", grid, str(work))
+            studies.run("compare", grid, str(work))
     finally:
         proc.kill()
         proc.wait()
@@ -621,7 +621,7 @@ def test_a_second_process_on_a_workdir_in_use_is_refused_then_a_dead_holders_loc
 def test_a_study_waits_for_the_lock_a_process_started_beside_it_holds_briefly(tmp_path):
     # Two processes of one study started together: each checks and writes study.json under the
     # workdir's lock; the second waits for the first's milliseconds instead of being refused.
-    from posenc.experiments import engine
+    from posenc.studies import engine
 
     work = tmp_path / "study"
     proc = _holder(work, seconds=1.0)

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from posenc.experiments import compare
-from posenc.experiments import compare_plots as plots
-from posenc.experiments import compare_report as report
+from posenc.studies import compare
+from posenc.studies import compare_plots as plots
+from posenc.studies import compare_report as report
 
 # Two-sided 95% Student t quantiles t_{0.975, df} (any statistics table).
 T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 29: 2.0452, 120: 1.9799}

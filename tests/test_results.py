@@ -8,8 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from posenc.experiments import compare_plots
-from posenc.experiments import compare_report as report
+from posenc.studies import compare_plots
+from posenc.studies import compare_report as report
 from posenc.training import results
 
 

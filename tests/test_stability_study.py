@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from posenc import diagnostics, experiments, files
+from posenc import diagnostics, files, studies
 from posenc.configs import stability as stability_config
-from posenc.experiments import engine, stability_report
-from posenc.experiments import stability as study
+from posenc.studies import engine, stability_report
+from posenc.studies import stability as study
 from posenc.training import loop, results
 
 
@@ -53,7 +53,7 @@ def test_configs_validate():
         assert lrs[0] == pytest.approx(3e-4) and lrs[-1] == pytest.approx(3e-1)
         assert np.ptp(np.diff(np.log10(lrs))) < 0.1  # log-spaced (3e-4, 1e-3, 3e-3, ...: half-decades)
         c.learning_rates, c.seeds = (lrs[-1],), (0,)
-        _, points = engine.expand(experiments.study("stability"), c)  # every variant at every size validates
+        _, points = engine.expand(studies.study("stability"), c)  # every variant at every size validates
         assert len(points) == len({p.name for p in points}) == len(c.sizes) * len(c.variants)
     with pytest.raises(ValueError, match="unknown stability config argument"):
         stability_config.get_config("fast")
@@ -66,7 +66,7 @@ def tiny_config():
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("stability"))
-    return workdir, experiments.run("stability", tiny_config(), workdir)
+    return workdir, studies.run("stability", tiny_config(), workdir)
 
 
 @pytest.mark.slow
@@ -88,7 +88,7 @@ def test_tiny_grid_rows_table_and_plots(tiny_study):
     for v in ("baseline", "qk_norm"):
         assert by[(v, 1e-3)]["initial_loss"] == by[(v, 1e9)]["initial_loss"]
     # ... and it is the eval loss of the untrained model.
-    p = next(p for p in engine.expand(experiments.study("stability"), tiny_config())[1]
+    p = next(p for p in engine.expand(studies.study("stability"), tiny_config())[1]
              if p.fields["variant"] == "baseline")
     from posenc.training import evaluate
     model = loop.init_state(p.run)[0]
@@ -114,7 +114,7 @@ def test_rerun_reads_every_run(tiny_study):
     workdir, rows = tiny_study
     logs = {n: os.path.getmtime(os.path.join(workdir, "runs", n, "results.jsonl"))
             for n in os.listdir(os.path.join(workdir, "runs"))}
-    assert experiments.run("stability", tiny_config(), workdir) == rows
+    assert studies.run("stability", tiny_config(), workdir) == rows
     assert logs == {n: os.path.getmtime(os.path.join(workdir, "runs", n, "results.jsonl")) for n in logs}
 
 
@@ -139,7 +139,7 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     import random
 
     from helpers import kill_during_a_point, leftovers, study_command
-    from posenc.experiments import rows as rows_lib
+    from posenc.studies import rows as rows_lib
 
     _, reference = tiny_study
     workdir = str(tmp_path / "killed")
@@ -147,7 +147,7 @@ def test_a_study_killed_anywhere_resumes_to_the_same_rows(tiny_study, tmp_path):
     killed, said = kill_during_a_point(study_command("stability", "smoke", workdir), rng)
     assert killed, "".join(said[-20:])
     kill_during_a_point(study_command("stability", "smoke", workdir), rng, kill=False)
-    assert rows_lib.without_volatile(experiments.load_rows(workdir)) == rows_lib.without_volatile(reference)
+    assert rows_lib.without_volatile(studies.load_rows(workdir)) == rows_lib.without_volatile(reference)
     assert leftovers(workdir) == []
 
 

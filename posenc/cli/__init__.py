@@ -1,9 +1,9 @@
 """The command-line programs: ``python -m posenc <command> [flags]`` (or ``posenc <command>``).
 
     train      train one config, evaluate it at every eval length, write its report
-    compare    a comparison grid (posenc.experiments.compare)
-    extend     the context-extension study (posenc.experiments.extend)
-    stability  the training-stability study (posenc.experiments.stability)
+    compare    a comparison grid (posenc.studies.compare)
+    extend     the context-extension study (posenc.studies.extend)
+    stability  the training-stability study (posenc.studies.stability)
     report     rebuild the report of any study or run from its rows
     findings   the findings of a finished comparison grid, and its figures
     analyze    where a trained run's attention looks, what its positions learned

@@ -1,11 +1,11 @@
-"""Analysis of one trained run (posenc.experiments.analyze): where attention looks, what positions learned.
+"""Analysis of one trained run (posenc.studies.analyze): where attention looks, what positions learned.
 
     python -m posenc analyze --workdir RUN_DIR
     python -m posenc analyze --workdir RUN_DIR --out docs/figures --prefix findings_analysis_t5_
 
 RUN_DIR is a finished run (config.json and a checkpoint: posenc train,
 or WORKDIR/runs/<run>/ of a study). Writes the figures and analysis.json of
-posenc.experiments.analyze into --out (default RUN_DIR/analysis).
+posenc.studies.analyze into --out (default RUN_DIR/analysis).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     runtime.start()
-    from posenc.experiments import analyze
+    from posenc.studies import analyze
     from posenc.training import loop
 
     loop.quiet_libraries()

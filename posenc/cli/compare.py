@@ -1,4 +1,4 @@
-"""Run a comparison grid (posenc.experiments.compare), then write results.jsonl, table.md and plots.
+"""Run a comparison grid (posenc.studies.compare), then write results.jsonl, table.md and plots.
 
     python -m posenc compare --config compare:quick --workdir /tmp/compare
 
@@ -25,7 +25,7 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from posenc.experiments import compare_report
+    from posenc.studies import compare_report
     from posenc.training import loop
 
     unfitted = flags.FLAGS.include_unfitted

@@ -1,4 +1,4 @@
-"""Context extension study (posenc.experiments.extend): every RoPE scaling, zero-shot and fine-tuned.
+"""Context extension study (posenc.studies.extend): every RoPE scaling, zero-shot and fine-tuned.
 
     python -m posenc extend --config extend:quick --workdir /tmp/extend
     python -m posenc extend --config extend:quick --workdir /tmp/ext2 \\
@@ -24,7 +24,7 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from posenc.experiments import extend_report
+    from posenc.studies import extend_report
     from posenc.training import loop
 
     rows = runtime.run_study("extend")

@@ -1,4 +1,4 @@
-"""Findings of a finished comparison grid (posenc.experiments.findings), and its figures for the docs.
+"""Findings of a finished comparison grid (posenc.studies.findings), and its figures for the docs.
 
     python -m posenc findings --workdir WORKDIR --kind randomized
     python -m posenc findings --workdir WORKDIR --figures docs/figures --name quick
@@ -16,7 +16,7 @@ from posenc.cli import runtime
 
 
 def define_flags() -> None:
-    from posenc.experiments import findings
+    from posenc.studies import findings
 
     flags.DEFINE_string("workdir", None, "A comparison grid's workdir.")
     flags.DEFINE_enum("kind", "", findings.KINDS, "Findings to write (the grid config's `findings`; '' = none).")
@@ -31,11 +31,11 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from posenc import experiments
-    from posenc.experiments import findings
+    from posenc import studies
+    from posenc.studies import findings
 
     f = flags.FLAGS
-    rows = experiments.load_rows(f.workdir)
+    rows = studies.load_rows(f.workdir)
     targets = findings.study_targets(f.workdir) if f.kind == "sizes" else None
     for path in findings.write(f.kind, rows, f.workdir, f.include_unfitted, targets):
         print(path)

@@ -25,9 +25,9 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from posenc import experiments
+    from posenc import studies
 
-    for path in experiments.report(flags.FLAGS.workdir, include_unfitted=flags.FLAGS.include_unfitted):
+    for path in studies.report(flags.FLAGS.workdir, include_unfitted=flags.FLAGS.include_unfitted):
         print(path)
 
 

@@ -129,11 +129,11 @@ def _parse_flags(argv):
 def run_study(name: str, **options) -> list[dict]:
     """Start up (distributed, compile cache), then run the study ``name`` on ``--config`` / ``--workdir``."""
     start()
-    from posenc import experiments
+    from posenc import studies
     from posenc.training import loop
 
     loop.quiet_libraries()
-    return experiments.run(name, config(experiments.study(name).schema), flags.FLAGS.workdir, **options)
+    return studies.run(name, config(studies.study(name).schema), flags.FLAGS.workdir, **options)
 
 
 def start() -> None:

@@ -1,4 +1,4 @@
-"""Training-stability study (posenc.experiments.stability): final loss against learning rate.
+"""Training-stability study (posenc.studies.stability): final loss against learning rate.
 
     python -m posenc stability --config stability:quick --workdir /tmp/stability
 
@@ -22,7 +22,7 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from posenc.experiments import stability_report
+    from posenc.studies import stability_report
     from posenc.training import loop
 
     rows = runtime.run_study("stability")

@@ -41,7 +41,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     runtime.start()
-    from posenc.experiments.compare_report import table_markdown
+    from posenc.studies.compare_report import table_markdown
     from posenc.training import loop
     from posenc.training.schema import Run
 
@@ -54,10 +54,10 @@ def main(argv):
         raise SystemExit(1) from None
     if rows is None or not loop.is_main_process():
         return
-    from posenc import experiments
+    from posenc import studies
 
     print(table_markdown(rows))
-    written = experiments.report(flags.FLAGS.workdir)
+    written = studies.report(flags.FLAGS.workdir)
     logging.info("results: %s/results.jsonl; report: %s", flags.FLAGS.workdir, ", ".join(written))
 
 

@@ -54,7 +54,7 @@ Args:
     randomized  Ruoss et al. 2023: every encoding but NoPE with and without
               randomized positions (from [0, 2048)) on every Chomsky task, copy and
               reverse, trained on sizes up to 40, evaluated at sizes 40-500, 3 seeds;
-              findings.md: the OOD accuracy gain per encoding (posenc.experiments.findings).
+              findings.md: the OOD accuracy gain per encoding (posenc.studies.findings).
     randomized_quick  sinusoidal, learned, rope (+ randomized) on copy,
               reverse_string, duplicate_string, sizes up to 8, evaluated at 8-64,
               3 seeds, fit to 0.95 accuracy in at most 3000 steps.
@@ -276,7 +276,7 @@ def _randomized_grid(c, *, quick: bool) -> None:
     """Ruoss et al. 2023: each encoding with and without randomized positions, Chomsky and copy-like tasks.
 
     Variants ``<kind>`` and ``<kind>_randomized``; the findings report the
-    OOD accuracy gain per encoding (posenc.experiments.findings). The learned
+    OOD accuracy gain per encoding (posenc.studies.findings). The learned
     table gets rows up to the longest position it can see (the longest
     evaluation length plain, randomized_max_position randomized).
     """
@@ -313,7 +313,7 @@ def _interaction(c, *, quick: bool) -> None:
     Encodings ``<kind>`` and ``<kind>_qknorm`` (QK RMSNorm); Mix-LN with
     one post-norm layer (the first), pre-norm after it. The findings give
     the best placement per encoding and whether it depends on the encoding
-    (posenc.experiments.findings). Both grids use the quick grid's 3-layer model
+    (posenc.studies.findings). Both grids use the quick grid's 3-layer model
     (with 2 layers NoPE does not fit copy). The quick grid, sized for 2
     cores: the four encodings without the QK-norm dimension (the full grid
     has it), placements pre, post and sandwich, copy fitted to 0.95 in at
@@ -465,8 +465,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name = arg
     c.base = default.get_config()
     c.variants = default.fields({})
-    c.findings = ""  # posenc.experiments.findings kind written after the report ("" = none)
-    c.targets = {}  # findings "sizes": a target check (posenc.experiments.findings)
+    c.findings = ""  # posenc.studies.findings kind written after the report ("" = none)
+    c.targets = {}  # findings "sizes": a target check (posenc.studies.findings)
     if arg == "quick":
         _quick_copy(c.base)
         # a table of 8x rows (untrained past 16), so that 2x-8x show how it degrades instead of n/a

@@ -8,12 +8,12 @@ with ``grid.vmap_seeds`` the seeds of a cell train together in one vmapped
 step (:mod:`posenc.training.multiseed`; the same files and rows).
 
 Rows: every row of each run (one per evaluation length, variant and sweep
-point; :mod:`posenc.experiments.rows`) with ``variant`` (the positions
+point; :mod:`posenc.studies.rows`) with ``variant`` (the positions
 entry), ``task_variant`` (the tasks entry) and ``run``. Report: ``table.md`` (per
 task or task variant, mean and 95% t-interval
 over seeds per length), ``aggregate.md`` (OOD accuracy per task x
-encoding), ``plots/`` (:mod:`~posenc.experiments.compare_plots`) and, when
-``findings`` is set, ``findings.md`` (:mod:`~posenc.experiments.findings`).
+encoding), ``plots/`` (:mod:`~posenc.studies.compare_plots`) and, when
+``findings`` is set, ``findings.md`` (:mod:`~posenc.studies.findings`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import os
 
 from posenc import checks
 from posenc.config.schema import Field, Free, Section, Sub
-from posenc.experiments import compare_plots, compare_report, engine, findings, grid, tables
 from posenc.model import options as o
+from posenc.studies import compare_plots, compare_report, engine, findings, grid, tables
 from posenc.training import prepare, results
 from posenc.training.schema import Run
 

@@ -1,4 +1,4 @@
-"""Tables of the compare study: ``table.md`` and ``aggregate.md`` (figures: :mod:`posenc.experiments.compare_plots`).
+"""Tables of the compare study: ``table.md`` and ``aggregate.md`` (figures: :mod:`posenc.studies.compare_plots`).
 
 Rows are grouped per task (per grid ``tasks`` entry, ``task_variant``, where
 a grid trains one task in several variants, e.g. addition in two formats:
@@ -40,8 +40,8 @@ import collections
 
 import numpy as np
 
-from posenc.experiments import tables
-from posenc.experiments.stats import interval, t_quantile  # noqa: F401  (re-exported)
+from posenc.studies import tables
+from posenc.studies.stats import interval, t_quantile  # noqa: F401  (re-exported)
 
 LEVEL_ORDER = ("R", "DCF", "CS", None)
 LEVEL_NAMES = {"R": "regular", "DCF": "deterministic context-free", "CS": "context-sensitive"}

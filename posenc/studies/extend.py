@@ -18,7 +18,7 @@ lengths >= ``passkey_min_length`` that they fit.
 
 Rows: one per method, factor, budget, task and eval length (fields in
 :data:`Extend.row_fields`). Report: ``table.md`` and the plots of
-:mod:`~posenc.experiments.extend_report`.
+:mod:`~posenc.studies.extend_report`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from absl import logging
 from posenc import checks
 from posenc.config import overrides
 from posenc.config.schema import ConfigError, Field, Section, Sub
-from posenc.experiments import engine, extend_report, tables
 from posenc.model import options as o
+from posenc.studies import engine, extend_report, tables
 from posenc.training.schema import Run
 
 

@@ -10,7 +10,7 @@ depend on the learning rate.
 
 Rows: one per run (fields in :data:`Stability.row_fields`). Report:
 ``table.md`` (LR sensitivity per variant and size, then the final loss per
-learning rate) and the plots of :mod:`~posenc.experiments.stability_report`.
+learning rate) and the plots of :mod:`~posenc.studies.stability_report`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 
 from posenc import checks, files
 from posenc.config.schema import Field, Free, Section, Sub
-from posenc.experiments import engine, grid, stability_report, tables
+from posenc.studies import engine, grid, stability_report, tables
 from posenc.training.schema import Run
 
 

@@ -1,7 +1,7 @@
 """The field tables of the documentation, generated from the declarations (never written by hand).
 
-    python -m posenc.experiments.fields                # every field, as docs/config.md, on stdout
-    python -m posenc.experiments.fields --write .      # rewrite README.md's table and docs/config.md
+    python -m posenc.studies.fields                # every field, as docs/config.md, on stdout
+    python -m posenc.studies.fields --write .      # rewrite README.md's table and docs/config.md
                                                        # of the checkout in . (developers)
 
 README.md holds the run's fields (:func:`run_table`) between the markers
@@ -43,11 +43,11 @@ def encoding_rows() -> dict[str, list[tuple[str, str, str]]]:
 
 def study_rows() -> dict[str, list[tuple[str, str, str]]]:
     """``{study: rows}`` of each study's own fields (its ``base`` is a run config, listed apart)."""
-    from posenc import experiments
-    from posenc.experiments import engine
+    from posenc import studies
+    from posenc.studies import engine
 
     engine.study("compare")  # imports every study
-    return {name: schema.rows(s.schema, "", skip=("base",)) for name, s in sorted(experiments.STUDIES.items())}
+    return {name: schema.rows(s.schema, "", skip=("base",)) for name, s in sorted(studies.STUDIES.items())}
 
 
 def run_table() -> str:
@@ -56,7 +56,7 @@ def run_table() -> str:
 
 def config_doc() -> str:
     lines = ["# Config fields", "",
-             "Generated from the declarations by `python -m posenc.experiments.fields --write .` (without "
+             "Generated from the declarations by `python -m posenc.studies.fields --write .` (without "
              "`--write` it prints this page); every field is "
              "settable with `--config.<field>=<value>` (text parsed into the field's type; tuples as "
              "`(32,64)` or `32,64`, mappings as JSON). An unknown field fails in one line naming the "
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(config_doc())
         return 0
     if argv[0] != "--write" or len(argv) != 2:
-        print("usage: python -m posenc.experiments.fields [--write ROOT]", file=sys.stderr)
+        print("usage: python -m posenc.studies.fields [--write ROOT]", file=sys.stderr)
         return 2
     root = argv[1]
     missing = [p for p in ("README.md", os.path.join("docs", "config.md"))

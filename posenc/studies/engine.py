@@ -301,7 +301,7 @@ def load_rows(workdir: str, *, points=None) -> list[dict]:
     """Every row of the study in ``workdir``, as plain dicts, in point order (complete points only);
     of a run's workdir, its rows as a study of one (:func:`run_rows`).
 
-    The fields are those of :data:`posenc.experiments.rows.FIELDS` plus the
+    The fields are those of :data:`posenc.studies.rows.FIELDS` plus the
     study's own (``Study.row_fields``); ``pandas.DataFrame(load_rows(w))``
     gives a table of them.
     """

@@ -1,4 +1,4 @@
-"""Tables and plots of the extend study (rows of :func:`posenc.experiments.extend.study_row`).
+"""Tables and plots of the extend study (rows of :func:`posenc.studies.extend.study_row`).
 
 Cells are means over seeds with their 95% t-interval (``tables.number``); a
 budget whose fine-tune diverged prints ``diverged``. Text: loss (nats per byte);
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from posenc.experiments import figures, stats, tables
+from posenc.studies import figures, stats, tables
 
 
 def _metric(task: str) -> tuple[str, str]:
@@ -152,7 +152,7 @@ def paired_markdown(rows: list[dict], *, baseline: str = "default") -> str:
 
     Per task and factor, a row per method: its metric at s L (mean [95% t-interval] {min-max} over
     seeds) and the paired difference method - baseline over the seeds both have; "X beats Y" needs
-    that interval to exclude zero (:func:`posenc.experiments.stats.paired`). With a task's depth
+    that interval to exclude zero (:func:`posenc.studies.stats.paired`). With a task's depth
     sweep (passkey), the mean over seeds at each depth follows.
     """
     zero = [r for r in rows if not r["finetune_steps"] and r["eval_length"] == r["target_length"]]

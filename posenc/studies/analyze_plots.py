@@ -1,10 +1,10 @@
-"""Figures of :mod:`posenc.experiments.analyze`: attention profiles, bias curves, RoPE wavelengths, loss by position."""
+"""Figures of :mod:`posenc.studies.analyze`: attention profiles, bias curves, RoPE wavelengths, loss by position."""
 
 from __future__ import annotations
 
 import math
 
-from posenc.experiments import figures
+from posenc.studies import figures
 
 
 def shared_layers(curves: list[dict]) -> list[dict]:

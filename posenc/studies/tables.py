@@ -1,7 +1,7 @@
 """The formatting every report shares: numbers with intervals, markdown tables, row grouping, files.
 
 One format for every study: a cell is ``mean ± half-width`` of the 95%
-t-interval over seeds (:mod:`posenc.experiments.stats`), a table is a
+t-interval over seeds (:mod:`posenc.studies.stats`), a table is a
 markdown grid, and every file is written atomically (:mod:`posenc.files`).
 """
 

@@ -23,8 +23,8 @@ import os
 
 import numpy as np
 
-from posenc.experiments import compare_report as report
-from posenc.experiments import figures
+from posenc.studies import compare_report as report
+from posenc.studies import figures
 
 
 def _lines(ax, table: dict, unfitted: dict, metric: str, include_unfitted: bool) -> None:

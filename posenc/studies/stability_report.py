@@ -1,4 +1,4 @@
-"""Tables and plots of the stability study (rows of :class:`posenc.experiments.stability.Stability`).
+"""Tables and plots of the stability study (rows of :class:`posenc.studies.stability.Stability`).
 
 LR sensitivity (Wortsman et al. 2023, posenc.diagnostics.lr_sensitivity): over
 the learning-rate grid of one (size, variant, seed), the mean of
@@ -17,8 +17,8 @@ import os
 import numpy as np
 
 from posenc import files
-from posenc.experiments import figures, stats, tables
 from posenc.norms import diagnostics
+from posenc.studies import figures, stats, tables
 
 
 def _loss(r) -> float:

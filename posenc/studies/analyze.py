@@ -60,7 +60,7 @@ import json
 import math
 import os
 
-from posenc.experiments import analyze_plots as plots
+from posenc.studies import analyze_plots as plots
 
 SCALINGS = (("default", "unscaled"), ("linear", "PI"), ("ntk", "NTK"), ("yarn", "YaRN"))
 

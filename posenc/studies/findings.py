@@ -13,9 +13,9 @@ training length of the token accuracy (``text``: of the log-perplexity over
 all tokens, lower is better), and the same at the training length. Runs
 that did not fit (``fitted`` False) are left out and counted, as in
 table.md; runs that diverged count as diverged. Cells are the mean and the
-95% t-interval over seeds (:func:`posenc.experiments.stats.interval`); a claim that one
+95% t-interval over seeds (:func:`posenc.studies.stats.interval`); a claim that one
 variant beats another is made only when the interval of their per-seed
-differences (:func:`posenc.experiments.stats.paired`) excludes zero.
+differences (:func:`posenc.studies.stats.paired`) excludes zero.
 With ``--include_unfitted`` (``include_unfitted=True``; ``python -m posenc
 compare --include_unfitted`` passes it on) the unfitted runs are scored too and the
 cells say ``[k unfitted, included]``.
@@ -49,7 +49,7 @@ import collections
 import os
 import shutil
 
-from posenc.experiments import compare_report, figures, stats, tables
+from posenc.studies import compare_report, figures, stats, tables
 
 KINDS = ("", "randomized", "interaction", "sizes")
 
@@ -361,7 +361,7 @@ def check_targets(name: str, value) -> dict:
 def study_targets(workdir: str) -> dict:
     """The ``targets`` of the grid config recorded in ``workdir``'s study.json ({} if none)."""
     from posenc import files
-    from posenc.experiments import engine
+    from posenc.studies import engine
 
     ident = files.read_json(os.path.join(workdir, engine.STUDY_FILE)) or {}
     return dict((ident.get("config") or {}).get("targets") or {})

@@ -1,4 +1,4 @@
-"""The rows of every study, field by field: what :func:`posenc.experiments.load_rows` returns.
+"""The rows of every study, field by field: what :func:`posenc.studies.load_rows` returns.
 
 A row is a plain dict (JSON: null for a missing or not applicable value).
 Every study's rows carry ``point`` (the point that wrote them); a run's
@@ -9,8 +9,8 @@ where a row was made, not what it measured: two runs of one config differ
 there and nowhere else (:func:`without_volatile`).
 
     import pandas as pd
-    from posenc import experiments
-    df = pd.DataFrame(experiments.load_rows("/tmp/compare"))
+    from posenc import studies
+    df = pd.DataFrame(studies.load_rows("/tmp/compare"))
     df.groupby(["variant", "eval_length"])["accuracy"].mean()
 """
 
@@ -72,9 +72,9 @@ VOLATILE = ("train_seconds", "eval_seconds", "wall_time", "finished_at", "base_r
 
 def study_fields(name: str) -> dict[str, str]:
     """The fields study ``name`` adds to its rows, with their docs."""
-    from posenc import experiments
+    from posenc import studies
 
-    return dict(experiments.study(name).row_fields)
+    return dict(studies.study(name).row_fields)
 
 
 def without_volatile(rows, fields=VOLATILE) -> list[dict]:
