@@ -109,7 +109,7 @@ def test_seeds_decoded_together_equal_one_model_at_a_time():
     r = prepare.resolve(c)
     models = seed_models(r.spec)
     graphdef, params, rest = evaluate.split_params(models)
-    program = decode._jitted(decode._forced_seeds, ("start", "end"))
+    program = decode._jitted(decode._forced_seeds, ("end",))
     compiled = program._cache_size()
     for n in (16, 32):
         plan = evaluate.plan_length(r.task, r.config, n)

@@ -161,15 +161,13 @@ def _first_errors(model, fed, targets, mask, positions, end):
     return jnp.where(wrong.any(axis=1), jnp.argmax(wrong, axis=1), fed.shape[1]).astype(jnp.int32)
 
 
-def _forced(graphdef, state, fed, targets, mask, positions, *, start, end):
-    """The first wrong answer target [B] of each row, teacher-forced; ``(start, end)``: the span."""
-    del start  # the set's span: one program per length
+def _forced(graphdef, state, fed, targets, mask, positions, *, end):
+    """The first wrong answer target [B] of each row, teacher-forced up to ``end`` (the span's end)."""
     return _first_errors(nnx.merge(graphdef, state), fed, targets, mask, positions, end)
 
 
-def _forced_seeds(graphdef, params, rest, fed, targets, mask, positions, *, start, end):
+def _forced_seeds(graphdef, params, rest, fed, targets, mask, positions, *, end):
     """:func:`_forced` of S models of one graph (``params`` stacked [S]): first errors [S, B]."""
-    del start
     return jax.vmap(lambda p: _first_errors(nnx.merge(graphdef, p, rest), fed, targets, mask, positions,
                                             end))(params)
 
@@ -352,7 +350,7 @@ def _piece(block: int, rows: int, max_tokens: int) -> int:
 def _first_wrong(forced, data: _Set, models: int, rows: int, bar) -> np.ndarray:
     """Step 1 (module docstring): each model's first wrong answer target of each row [M, N] (L: none)."""
     n, length = data.fed.shape
-    start, end = data.span
+    end = data.span[1]
     if bar is not None:
         bar.reset(total=n)
         bar.unit = "row"
@@ -363,7 +361,7 @@ def _first_wrong(forced, data: _Set, models: int, rows: int, bar) -> np.ndarray:
             b = min(a + rows, hi)
             pos = positions if positions is None or positions.ndim == 1 else positions[a - lo:b - lo]
             first[:, a:b] = np.asarray(forced(jnp.asarray(data.fed[a:b]), jnp.asarray(data.targets[a:b]),
-                                              jnp.asarray(data.mask[a:b].astype(np.int32)), pos, start, end))
+                                              jnp.asarray(data.mask[a:b].astype(np.int32)), pos, end))
             if bar is not None:
                 bar.update(b - a)
                 bar.set_postfix_str("")
@@ -458,7 +456,7 @@ def _decode_set(graphdef, models: list, forced, data: _Set, *, group: int, rows:
                 bar=None, stats=None, first_errors=None) -> list:
     """The ``correct`` [N, L] of each model (``models``: each one's state tuple for ``nnx.merge``).
 
-    ``forced(fed, targets, mask, positions, start, end)`` -> first errors [M, rows] of every model;
+    ``forced(fed, targets, mask, positions, end)`` -> first errors [M, rows] of every model;
     ``group``: rows decoded together; ``rows``: rows per teacher-forced forward; ``max_tokens``:
     tokens per forward (0: no bound); ``stats``: a dict to fill with what was done;
     ``first_errors`` [M, N]: step 1's result, from the evaluation's own teacher-forced pass (used
@@ -519,10 +517,10 @@ def _run(graphdef, models, forced, data, *, group, rows, max_tokens, config=None
 
 def _single(graphdef, state):
     """``forced`` of :func:`_decode_set` for one model."""
-    fn = _jitted(_forced, ("start", "end"))
+    fn = _jitted(_forced, ("end",))
 
-    def forced(fed, targets, mask, positions, start, end):
-        return fn(graphdef, state, fed, targets, mask, positions, start=start, end=end)[None]
+    def forced(fed, targets, mask, positions, end):
+        return fn(graphdef, state, fed, targets, mask, positions, end=end)[None]
 
     return forced
 
@@ -593,10 +591,10 @@ def eval_correctness_seeds(graphdef, params, rest, task, config, length: int, *,
     """
     size = jax.tree.leaves(params)[0].shape[0]
     data = _eval_set(task, config, length, root, min_size)
-    fn = _jitted(_forced_seeds, ("start", "end"))
+    fn = _jitted(_forced_seeds, ("end",))
 
-    def forced(fed, targets, mask, positions, start, end):
-        return fn(graphdef, params, rest, fed, targets, mask, positions, start=start, end=end)
+    def forced(fed, targets, mask, positions, end):
+        return fn(graphdef, params, rest, fed, targets, mask, positions, end=end)
 
     models = [(jax.tree.map(lambda x: x[j], params), rest) for j in range(size)]
     group, rows, max_tokens = _budget(config, length)

@@ -184,28 +184,9 @@ def _row(totals, config, length: int, plan: Plan) -> dict:
 
 
 def _decodes(config, plan: Plan) -> bool:
+    """Whether the length is also scored decoded (decoded_accuracy, decoded_exact_match: the answers
+    generated greedily through the cache, from each row's first teacher-forced error)."""
     return not plan.sequential and config.eval.get("decode", True)
-
-
-def _decoded(model, task, config, length: int, plan: Plan, root, first_errors=None) -> dict:
-    """``decoded_accuracy`` / ``decoded_exact_match``: the answers generated greedily through the cache.
-
-    ``first_errors``: each row's first wrong answer target under the evaluation's teacher forcing.
-    """
-    if not _decodes(config, plan):
-        return {}
-    correct, mask = decode_lib.eval_correctness(model, task, config, int(length), root=root,
-                                                min_size=plan.min_size, first_errors=first_errors)
-    return decode_lib.decoded_metrics(correct, mask)
-
-
-def _decoded_seeds(graphdef, params, rest, task, config, length: int, plan: Plan, root,
-                   first_errors=None) -> list | None:
-    """:func:`_decoded`'s ``(correct, mask)`` of S stacked models, decoded together; None: not decoded."""
-    if not _decodes(config, plan):
-        return None
-    return decode_lib.eval_correctness_seeds(graphdef, params, rest, task, config, int(length), root=root,
-                                             min_size=plan.min_size, first_errors=first_errors)
 
 
 def _root(config, length: int, stream: str = "eval"):
@@ -238,7 +219,9 @@ def evaluate_length(model, task, config, spec, length: int, *, mesh=None, stream
     totals = jax.device_get(fn(graphdef, state, placed))
     row = _row(totals, config, length, plan)
     if decodes:
-        row.update(_decoded(model, task, config, length, plan, root, totals["first_error"]))
+        correct, mask = decode_lib.eval_correctness(model, task, config, int(length), root=root,
+                                                    min_size=plan.min_size, first_errors=totals["first_error"])
+        row.update(decode_lib.decoded_metrics(correct, mask))
     return row
 
 
@@ -272,7 +255,8 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
     root = _root(config, length, stream)
     totals = jax.device_get(fn(graphdef, params, rest, root))
     first = totals.pop("first_error", None)
-    answers = _decoded_seeds(graphdef, params, rest, task, config, length, plan, root, first) if decodes else None
+    answers = decode_lib.eval_correctness_seeds(graphdef, params, rest, task, config, int(length), root=root,
+                                                min_size=plan.min_size, first_errors=first) if decodes else None
     out = []
     for j in range(size):
         row = _row(jax.tree.map(lambda x: x[j], totals), config, length, plan)
