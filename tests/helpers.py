@@ -134,7 +134,7 @@ def leftovers(workdir):
     """Temporary files and checkpoint directories a killed writer left under ``workdir``."""
     import os
 
-    from posenc import files
+    from posenc.workdir import files
 
     found = files.stale_temps(workdir)
     for dirpath, dirnames, _ in os.walk(workdir):

@@ -1,6 +1,6 @@
 """What a new user meets at the command line: one kind of thing per workdir (a run's workdir
 refuses a study and a study's refuses a run, in one line before anything is written:
-posenc.training.lock.check_kind), refusals as one line and exit 2 (no traceback), --help that
+posenc.workdir.lock.check_kind), refusals as one line and exit 2 (no traceback), --help that
 shows the flags every entry point shares, written files readable as the umask says, and
 ``python -m posenc <command>`` with the packaged configs from any directory."""
 
@@ -15,7 +15,8 @@ import pytest
 from helpers import ROOT, study_command
 from posenc import studies
 from posenc.configs import compare as compare_config
-from posenc.training import lock, loop
+from posenc.training import loop
+from posenc.workdir import files, lock
 
 
 def _snapshot(workdir):
@@ -97,7 +98,7 @@ def test_the_command_line_refuses_in_one_line_and_exits_2(tmp_path, entry, kind)
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
 def test_written_files_respect_the_umask(tmp_path, umask, mode):
     """Results, configs, tables: what open() would create (0666 less the umask), not mkstemp's 0600."""
-    from posenc import files
+    from posenc.workdir import files
 
     old = os.umask(umask)
     try:
@@ -142,7 +143,6 @@ def test_a_trained_run_is_evaluated_again_at_new_lengths_without_training(traine
     ones kept (eval.* is not the trained model's identity)."""
     from test_steploop import config
 
-    from posenc.training import results
 
     w, first = _copy(trained, tmp_path), trained[1]
     log = open(os.path.join(w, "train_log.jsonl")).read()
@@ -151,7 +151,7 @@ def test_a_trained_run_is_evaluated_again_at_new_lengths_without_training(traine
     again = loop.run(c, w)
     assert open(os.path.join(w, "train_log.jsonl")).read() == log  # nothing trained
     assert sorted(r["eval_length"] for r in again) == [16, 32]
-    rows = results.read_jsonl(os.path.join(w, "results.jsonl"))
+    rows = files.read_jsonl(os.path.join(w, "results.jsonl"))
     assert sorted(r["eval_length"] for r in rows) == [16, 32]  # one row per length
     old, new = next(r for r in first if r["eval_length"] == 16), next(r for r in again if r["eval_length"] == 16)
     assert (old["loss"], old["accuracy"], old["steps_trained"]) == (new["loss"], new["accuracy"],

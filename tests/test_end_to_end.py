@@ -11,9 +11,10 @@ from flax import nnx
 
 from posenc.config import overrides
 from posenc.model import Decoder
-from posenc.training import NonFiniteError, finish, loop, optim, prepare, results
+from posenc.training import finish, loop, optim, prepare
 from posenc.training import step as step_lib
-from posenc.training.checkpoint import Checkpointer
+from posenc.workdir import files, records, results
+from posenc.workdir.checkpoint import Checkpointer
 
 
 def load(name):
@@ -61,7 +62,7 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     # rerun of a complete run: reports, never duplicates rows
     again = loop.run(tiny(), b)
     assert [[r[k] for k in METRICS] for r in again] == [[r[k] for k in METRICS] for r in rows_b]
-    assert len(results.read_jsonl(os.path.join(b, "results.jsonl"))) == 2
+    assert len(files.read_jsonl(os.path.join(b, "results.jsonl"))) == 2
     config = json.load(open(os.path.join(b, "config.json")))
     assert config["config_hash"] == rows_b[0]["config_hash"]
     assert config["config"]["model"]["vocab_size"] == 20  # from the task (4 specials + 16 symbols)
@@ -95,7 +96,7 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
         return chunk
 
     monkeypatch.setattr(step_lib, "train_chunk_fn", poisoned)
-    with pytest.raises(NonFiniteError,
+    with pytest.raises(records.NonFiniteError,
                        match=r"non-finite loss \(nan\) at step 13; .* last good checkpoint is step 10") as e:
         loop.run(tiny(), str(tmp_path))
     assert e.value.step == 13
@@ -136,7 +137,7 @@ def test_compare_grid_skips_complete_runs_and_writes_report(tmp_path, monkeypatc
     monkeypatch.setattr(step_lib, "train_chunk_fn", no_training)
     again = studies.run("compare", c, str(tmp_path))
     assert again == rows
-    assert len(results.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
+    assert len(files.read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
 
 
 def test_grid_expansion_and_overrides():

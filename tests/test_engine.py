@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from helpers import ROOT, study_command
-from posenc import files, studies
+from posenc import studies
 from posenc.config.schema import ConfigError
 from posenc.configs import compare as compare_config
 from posenc.studies import engine
 from posenc.studies import rows as rows_lib
-from posenc.training import lock
+from posenc.workdir import files, lock
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +107,14 @@ def test_a_dead_writers_temporary_files_are_found_and_removed(tmp_path):
 # of the public API and the attention kernels; posenc.hf loads checkpoints into the model, so it is
 # not one of them
 PURE_PACKAGES = ("encodings", "norms", "attention", "kernels")
-LAYERS = ["pure", "config", "model", "tasks", "training", "studies", "configs", "cli"]
+LAYERS = ["pure", "config", "workdir", "model", "tasks", "training", "studies", "configs", "cli"]
 
 
 def _layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "posenc":
         return None
-    if len(parts) == 1 or parts[1] in ("checks", "files", *PURE_PACKAGES):
+    if len(parts) == 1 or parts[1] in ("checks", *PURE_PACKAGES):
         return "pure"
     sub = parts[1]
     if sub == "__main__":  # python -m posenc <command>: the commands' dispatcher
@@ -173,7 +173,7 @@ def test_no_import_cycles_and_no_import_upwards():
     modules = _modules()
     graph = {m: _imports(p, modules) - {m} for m, p in modules.items()}
     # the packaged configs and the command-line programs on top: nothing below imports them
-    order = {"pure": 0, "config": 1, "model": 2, "tasks": 2, "training": 3, "studies": 4, "configs": 5,
+    order = {"pure": 0, "config": 1, "workdir": 1, "model": 2, "tasks": 2, "training": 3, "studies": 4, "configs": 5,
              "cli": 6}
     for m, deps in graph.items():
         for d in deps:

@@ -12,7 +12,8 @@ from flax import nnx
 
 from posenc import tasks
 from posenc.model import Decoder
-from posenc.training import evaluate, finish, prepare, results
+from posenc.training import evaluate, finish, prepare
+from posenc.workdir import files, results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,5 +134,5 @@ def test_each_sweep_point_is_evaluated_with_its_own_task(tmp_path):
     workdir = str(tmp_path)
     finish.write_rows(workdir, made)
     finish.write_rows(workdir, made[1:])  # a rerun replaces, never duplicates
-    back = results.read_jsonl(os.path.join(workdir, "results.jsonl"))
+    back = files.read_jsonl(os.path.join(workdir, "results.jsonl"))
     assert [b.get("sweep") for b in back] == [row.get("sweep") for row in rows]

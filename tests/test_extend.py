@@ -11,12 +11,13 @@ import jax
 import numpy as np
 import pytest
 
-from posenc import rope_search, studies
+from posenc import studies
 from posenc.configs import extend as extend_config
 from posenc.model import ModelSpec
 from posenc.studies import engine
 from posenc.studies import extend as study
-from posenc.training import finetune, longrope, prepare, results
+from posenc.training import finetune, longrope, prepare
+from posenc.workdir import files
 
 
 def tiny_config():
@@ -37,7 +38,7 @@ def run_dir(workdir, name):
 def test_every_method_builds_a_valid_config(tiny_study):
     workdir, _ = tiny_study
     base = finetune.load_run(run_dir(workdir, "base_s0"))
-    found = rope_search.read_json(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
+    found = longrope.read_factors(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
     fields = {m: study.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
     assert set(extend_config.METHODS) == set(study.METHODS)
     zero = prepare.resolve(study.zero_shot_config(base.resolved.config, fields, 64))
@@ -91,7 +92,7 @@ def test_study_rows_table_and_plots(tiny_study):
     for name in ("extend_loss_vs_length.png", "extend_loss_vs_tokens.png"):
         assert os.path.getsize(os.path.join(workdir, "plots", name)) > 1000
     # the zero-shot default method at L is the base model itself
-    base_rows = results.read_jsonl(os.path.join(run_dir(workdir, "base_s0"), "results.jsonl"))
+    base_rows = files.read_jsonl(os.path.join(run_dir(workdir, "base_s0"), "results.jsonl"))
     zero = next(r for r in rows if r["method"] == "default" and not r["finetune_steps"]
                 and r["eval_length"] == 16)
     assert zero["loss"] == pytest.approx(base_rows[0]["loss"], rel=1e-6)
@@ -178,7 +179,7 @@ def test_longrope_fitness_is_the_model_with_those_factors(tiny_study):
     assert fitness(lam) == pytest.approx(float(np.exp(loss)), rel=1e-5)
     assert fitness(np.ones(4)) != pytest.approx(fitness(np.array([1.0, 4.0, 16.0, 64.0])), rel=1e-4)
 
-    found = rope_search.read_json(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
+    found = longrope.read_factors(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
     long = np.asarray(found["long_factor"])
     assert np.all(np.diff(long) >= 0) and np.all(long >= 1.0) and np.all(long <= 2.5)
     assert found["short_factor"] == [1.0] * 4 and found["search"]["short"] is None

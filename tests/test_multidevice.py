@@ -107,7 +107,7 @@ def _train_chunk(config, steps):
 def _restore(config, directory):
     """The newest checkpoint in ``directory`` restored into this process's (sharded) state."""
     from posenc.training import prepare, sharding
-    from posenc.training.checkpoint import Checkpointer
+    from posenc.workdir.checkpoint import Checkpointer
 
     r = prepare.resolve(config)
     config = r.config
@@ -125,7 +125,7 @@ def worker_four(out):
     import jax
 
     from posenc.training import loop, sharding
-    from posenc.training.checkpoint import Checkpointer
+    from posenc.workdir.checkpoint import Checkpointer
 
     assert jax.device_count() == 4, jax.devices()
     report = {}
@@ -183,7 +183,7 @@ def worker_one(out):
     import jax
 
     from posenc.training import loop
-    from posenc.training.checkpoint import Checkpointer
+    from posenc.workdir.checkpoint import Checkpointer
 
     assert jax.device_count() == 1, jax.devices()
     report = {}

@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from posenc.training import finish, loop, multiseed, prepare, results
+from posenc.training import finish, loop, multiseed, prepare
 from posenc.training import step as step_lib
-from posenc.training.checkpoint import Checkpointer
+from posenc.workdir import files, records
+from posenc.workdir.checkpoint import Checkpointer
 
 # batched matmuls of the vmapped step may sum in another order than the single step's
 TOL = dict(rtol=2e-5, atol=1e-6)
@@ -41,7 +42,7 @@ def assert_rows_close(a, b):
 
 
 def assert_logs_close(a, b):
-    la, lb = (results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (a, b))
+    la, lb = (files.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (a, b))
     assert [r["step"] for r in la] == [r["step"] for r in lb] == [4, 8]
     for x, y in zip(la, lb):
         assert sorted(x) == sorted(y)
@@ -67,7 +68,7 @@ def test_seeds_together_equal_separate_runs(separate, together):
     for s, d, rows in zip((0, 1), dirs, outs):
         assert_rows_close(rows, separate[s][1])
         assert all(r["seeds_trained_together"] == 2 for r in rows)
-        assert results.read_jsonl(os.path.join(d, "results.jsonl")) == rows
+        assert files.read_jsonl(os.path.join(d, "results.jsonl")) == rows
         assert_logs_close(d, separate[s][0])
         assert Checkpointer(os.path.join(d, "checkpoints")).all_steps() == [4, 8]
         (pa, ra), (pb, rb) = params(d), params(separate[s][0])
@@ -112,7 +113,7 @@ def test_one_diverging_seed_keeps_the_others(tmp_path, monkeypatch, separate):
     monkeypatch.setattr(step_lib, "seeds_train_chunk_fn", poisoned)
     dirs = [str(tmp_path / f"s{s}") for s in (0, 1)]
     outs = multiseed.run_seeds([config(0), config(1)], dirs)
-    assert isinstance(outs[1], loop.NonFiniteError) and outs[1].step == 2
+    assert isinstance(outs[1], records.NonFiniteError) and outs[1].step == 2
     assert "non-finite loss (nan) at step 2" in str(outs[1])
     assert Checkpointer(os.path.join(dirs[1], "checkpoints")).all_steps() == []
     assert not os.path.exists(os.path.join(dirs[1], "results.jsonl"))
@@ -167,7 +168,7 @@ def test_compare_grid_trains_seeds_together(tmp_path, separate):
         ("copy_rope_rms-pre_s0", 2), ("copy_rope_rms-pre_s1", 2)]
     for r, s in zip(rows, (0, 1)):
         assert_rows_close([r], separate[s][1])
-    assert results.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
+    assert files.read_jsonl(os.path.join(tmp_path, "results.jsonl")) == rows
     full = load("compare").get_config("full")
     assert full.grid.vmap_seeds is False  # the default: one by one
     assert all(p.group is None for p in grid_points(full)[:4])

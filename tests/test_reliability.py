@@ -31,8 +31,8 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from posenc.training import lock, records, results
-from posenc.training.checkpoint import Checkpointer, CheckpointError
+from posenc.workdir import files, lock, records, results
+from posenc.workdir.checkpoint import Checkpointer, CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLOW = bool(os.environ.get("POSENC_SLOW"))
@@ -210,7 +210,7 @@ def _files_are_whole(workdir) -> dict:
         for f in filenames:
             path = os.path.join(dirpath, f)
             if f.endswith(".jsonl"):
-                rows = results.read_jsonl(path)
+                rows = files.read_jsonl(path)
                 if f == "results.jsonl":
                     for r in rows:
                         results.validate_row(r)
@@ -246,7 +246,7 @@ def killed_grid(tmp_path_factory):
             assert rc == -signal.SIGKILL
             kills.append(dict(what=what, markers=markers, left=_files_are_whole(killed),
                               s0_complete=s0_final is not None))
-            if s0_final is None and len(results.read_jsonl(s0_results)) == 2:
+            if s0_final is None and len(files.read_jsonl(s0_results)) == 2:
                 s0_final = open(s0_results, "rb").read()  # s0 finished in this child
         rc, markers, _ = zygote.run(killed, base / "last.log")
         logs.append((base / "last.log").read_text())
@@ -286,9 +286,9 @@ def test_killed_grid_ends_bit_identical_to_an_uninterrupted_one(killed_grid):
             assert {**ra, "train_seconds": 0} == {**rb, "train_seconds": 0}
         for f in ("train_log.jsonl", "config.json"):
             assert open(os.path.join(a, f)).read() == open(os.path.join(b, f)).read(), (run, f)
-        ra, rb = (results.read_jsonl(os.path.join(d, "results.jsonl")) for d in (a, b))
+        ra, rb = (files.read_jsonl(os.path.join(d, "results.jsonl")) for d in (a, b))
         assert len(ra) == 2 and _without(ra, TIMING) == _without(rb, TIMING)
-    ga, gb = (results.read_jsonl(os.path.join(d, "results.jsonl")) for d in (ref, killed))
+    ga, gb = (files.read_jsonl(os.path.join(d, "results.jsonl")) for d in (ref, killed))
     assert len(ga) == 4 and _without(ga, TIMING) == _without(gb, TIMING)
     assert open(os.path.join(ref, "table.md")).read() == open(os.path.join(killed, "table.md")).read()
     plots = [sorted(f for f in os.listdir(os.path.join(d, "plots")) if not f.startswith("."))
@@ -572,7 +572,7 @@ lock.release(path)
 def _holder(workdir, seconds=300.0):
     """A process holding ``workdir``'s lock for ``seconds`` (lock.py loaded alone: starts in a fraction
     of a second)."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, os.path.join(ROOT, "posenc", "training", "lock.py"),
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, os.path.join(ROOT, "posenc", "workdir", "lock.py"),
                              str(workdir), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc

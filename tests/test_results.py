@@ -10,7 +10,7 @@ import pytest
 
 from posenc.studies import compare_plots
 from posenc.studies import compare_report as report
-from posenc.training import results
+from posenc.workdir import files, results
 
 
 def row(**kw):
@@ -66,14 +66,14 @@ def test_make_row_validates_and_cleans():
 def test_write_and_read_jsonl_round_trip(tmp_path):
     path = str(tmp_path / "r.jsonl")
     rows = [row(eval_length=n) for n in (16, 32)]
-    results.write_jsonl(path, rows)
-    assert results.read_jsonl(path) == rows
-    assert results.read_jsonl(str(tmp_path / "missing.jsonl")) == []
+    files.write_jsonl(path, rows)
+    assert files.read_jsonl(path) == rows
+    assert files.read_jsonl(str(tmp_path / "missing.jsonl")) == []
 
 
 def test_killed_writer_leaves_old_file_intact(tmp_path, monkeypatch):
     path = str(tmp_path / "r.jsonl")
-    results.write_jsonl(path, [row()])
+    files.write_jsonl(path, [row()])
     before = open(path).read()
 
     def killed(*args):
@@ -81,7 +81,7 @@ def test_killed_writer_leaves_old_file_intact(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        results.write_jsonl(path, [row(eval_length=n) for n in range(1, 100)])
+        files.write_jsonl(path, [row(eval_length=n) for n in range(1, 100)])
     assert open(path).read() == before
     assert os.listdir(tmp_path) == ["r.jsonl"]  # no temporary file left behind
 
@@ -135,7 +135,7 @@ def test_text_table_has_both_measures_and_plots_are_written(tmp_path):
 
 def test_write_json_is_valid(tmp_path):
     path = str(tmp_path / "c.json")
-    results.write_json(path, {"x": (1, 2), "y": math.inf})
+    files.write_json(path, {"x": (1, 2), "y": math.inf})
     assert json.load(open(path)) == {"x": [1, 2], "y": None}
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from posenc import rope, rope_search
+from posenc.training import longrope
 
 D, S, L = 16, 4.0, 64  # 8 pairs, scale 4, original length 64
 # Fast settings: every search here is pure NumPy and takes well under a second.
@@ -111,11 +112,11 @@ def test_factor_one_has_a_single_seed():
 def test_search_longrope_writes_a_config_frequencies_takes(tmp_path):
     path = os.path.join(tmp_path, "factors.json")
     config = rope_search.search_longrope(
-        Recorder(), Recorder(np.full(D // 2, 1.05)), D, factor=S, original_length=L, path=path,
-        seed=1, **FAST)
+        Recorder(), Recorder(np.full(D // 2, 1.05)), D, factor=S, original_length=L, seed=1, **FAST)
+    longrope.write_factors(path, config)
     with open(path) as f:
         raw = json.load(f)
-    assert raw == config == rope_search.read_json(path)
+    assert raw == config == longrope.read_factors(path)
     assert set(raw) == {"kind", "rotary_dim", "base", "factor", "original_length", "short_factor",
                         "long_factor", "search"}
     assert raw["kind"] == "longrope" and raw["rotary_dim"] == D
@@ -139,8 +140,8 @@ def test_plain_factors_and_bad_files(tmp_path):
                                          short=[1.0, 1.0], long=np.array([1.0, 2.0]))
     assert config["search"] == {"short": None, "long": None}
     path = os.path.join(tmp_path, "f.json")
-    rope_search.write_json(path, config)
-    assert rope_search.read_json(path)["long_factor"] == [1.0, 2.0]
+    longrope.write_factors(path, config)
+    assert longrope.read_factors(path)["long_factor"] == [1.0, 2.0]
     msg = "long_factor must have rotary_dim // 2 = 2 entries; got 3"
     with pytest.raises(ValueError, match=re.escape(msg)):
         rope_search.longrope_config(rotary_dim=4, base=1e4, factor=2.0, original_length=8,
@@ -148,7 +149,7 @@ def test_plain_factors_and_bad_files(tmp_path):
     with open(path, "w") as f:
         json.dump({"kind": "yarn"}, f)
     with pytest.raises(ValueError, match="kind 'longrope'"):
-        rope_search.read_json(path)
+        longrope.read_factors(path)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -6,11 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from posenc import diagnostics, files, studies
+from posenc import diagnostics, studies
 from posenc.configs import stability as stability_config
 from posenc.studies import engine, stability_report
 from posenc.studies import stability as study
-from posenc.training import loop, results
+from posenc.training import loop
+from posenc.workdir import files
 
 
 def paper_lr_sensitivity(final_losses, initial_loss):
@@ -106,7 +107,7 @@ def test_tiny_grid_rows_table_and_plots(tiny_study):
     assert "| baseline | " in table and "diverged" in table
     for name in ("stability_loss_vs_lr.png", "stability_attention_logit.png"):
         assert os.path.getsize(os.path.join(workdir, "plots", name)) > 1000
-    assert results.read_jsonl(os.path.join(workdir, "results.jsonl")) == rows
+    assert files.read_jsonl(os.path.join(workdir, "results.jsonl")) == rows
 
 
 @pytest.mark.slow

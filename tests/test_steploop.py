@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from posenc.training import loop, multiseed, prepare, results, steploop
+from posenc.training import loop, multiseed, prepare, steploop
 from posenc.training import step as step_lib
-from posenc.training.checkpoint import Checkpointer
+from posenc.workdir import files
+from posenc.workdir.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,7 +207,7 @@ def one_per_call(tmp_path_factory):
 def test_run_with_k_steps_per_call_equals_one_per_call(per_call, one_per_call, tmp_path):
     ref_dir, ref_rows = one_per_call
     rows = loop.run(config(per_call=per_call), str(tmp_path))
-    logs = [results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (ref_dir, str(tmp_path))]
+    logs = [files.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (ref_dir, str(tmp_path))]
     assert [r["step"] for r in logs[0]] == [4, 8, 11]
     assert "log_z" in logs[0][0] and "grad_norm" in logs[0][0]
     assert logs[0] == logs[1]  # every logged metric, exactly
@@ -224,8 +225,8 @@ def test_seeds_with_k_steps_per_call_equal_one_per_call(tmp_path):
         out[per_call] = dirs, multiseed.run_seeds([config(s, per_call) for s in (0, 1)], dirs)
     for j in (0, 1):
         a, b = out[1][0][j], out[3][0][j]
-        assert results.read_jsonl(os.path.join(a, "train_log.jsonl")) == \
-            results.read_jsonl(os.path.join(b, "train_log.jsonl"))
+        assert files.read_jsonl(os.path.join(a, "train_log.jsonl")) == \
+            files.read_jsonl(os.path.join(b, "train_log.jsonl"))
         assert [r["loss"] for r in out[1][1][j]] == [r["loss"] for r in out[3][1][j]]
         assert_same_bits(final_state(config(j), a)[0], final_state(config(j), b)[0])
 
@@ -241,7 +242,7 @@ def test_fine_tuning_with_k_steps_per_call_equals_one_per_call(one_per_call, tmp
         c.train.update(steps=6, seed=3)
         dirs[per_call] = str(tmp_path / f"k{per_call}")
         finetune.finetune(base, c, dirs[per_call])
-    logs = [results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in dirs.values()]
+    logs = [files.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in dirs.values()]
     assert [r["step"] for r in logs[0]] == [4, 6] and logs[0] == logs[1]
     assert_same_bits(final_state(config(), dirs[1])[0], final_state(config(), dirs[4])[0])
 
@@ -291,7 +292,7 @@ def test_ctrl_c_then_rerun_gives_the_uninterrupted_run_bit_for_bit(one_per_call,
     assert final_state(config(), str(tmp_path))[1]["step"] == 5  # checkpointed where it stopped
     monkeypatch.setattr(loop._Trainer, "steps", real)
     rows = loop.run(config(per_call=1), str(tmp_path))
-    logs = [results.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (ref_dir, str(tmp_path))]
+    logs = [files.read_jsonl(os.path.join(d, "train_log.jsonl")) for d in (ref_dir, str(tmp_path))]
     assert logs[0] == logs[1]
     keys = ("loss", "accuracy", "exact_match", "train_loss", "decoded_accuracy")
     assert [[r.get(k) for k in keys] for r in rows] == [[r.get(k) for k in keys] for r in ref_rows]

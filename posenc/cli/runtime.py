@@ -84,7 +84,7 @@ def main(fn) -> None:
 
     from posenc.config import cli
     from posenc.config.schema import ConfigError
-    from posenc.training import lock
+    from posenc.workdir import lock
 
     refusals = (ConfigError, lock.WorkdirHoldsOther, lock.WorkdirInUse)
     for name in ("orbax", "absl.orbax", "jax._src"):  # library chatter below WARNING (backend probes)

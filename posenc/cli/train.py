@@ -27,6 +27,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 
 from posenc.cli import runtime
+from posenc.workdir import records
 
 
 def define_flags() -> None:
@@ -49,7 +50,7 @@ def main(argv):
     config = runtime.config(Run)
     try:
         rows = loop.run(config, flags.FLAGS.workdir, max_steps_this_run=flags.FLAGS.max_steps_this_run)
-    except loop.NonFiniteError as e:
+    except records.NonFiniteError as e:
         logging.error("%s", e)
         raise SystemExit(1) from None
     if rows is None or not loop.is_main_process():

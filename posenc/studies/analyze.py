@@ -369,7 +369,7 @@ def analyze(workdir: str, out: str | None = None, *, prefix: str = "", factor: i
     else:
         numbers["position_loss"] = evaluate.not_applicable(resolved.config, resolved.spec, long)
 
-    from posenc import files
+    from posenc.workdir import files
 
     if "answer_attention" in numbers and isinstance(numbers["position_loss"], dict):
         written["answer_peaks"] = name("answer_peaks.md")

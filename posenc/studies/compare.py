@@ -25,8 +25,9 @@ from posenc import checks
 from posenc.config.schema import Field, Free, Section, Sub
 from posenc.model import options as o
 from posenc.studies import compare_plots, compare_report, engine, findings, grid, tables
-from posenc.training import prepare, results
+from posenc.training import prepare
 from posenc.training.schema import Run
+from posenc.workdir import results
 
 # grid axis -> the field a plain entry sets
 AXES = {"tasks": "task.name", "positions": "model.position.kind", "placements": "model.norm.placement",

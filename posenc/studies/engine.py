@@ -12,7 +12,7 @@ run a group of points and its report; the engine owns everything else, once:
 3. points run in order, group by group (a group: points run together, e.g.
    the seeds of a cell in one vmapped step), each group only once the points
    it depends on (``after``) are complete. Every point's directory
-   ``runs/<name>/`` is locked while it runs (:mod:`posenc.training.lock`), so
+   ``runs/<name>/`` is locked while it runs (:mod:`posenc.workdir.lock`), so
    N processes started on one workdir (one host, or many over a shared
    filesystem) split the points between them: a process skips a group
    another live process holds and waits for it when nothing else is left;
@@ -37,10 +37,9 @@ import time
 
 from absl import logging
 
-from posenc import files
 from posenc.config.schema import ConfigError
-from posenc.training import lock as lock_lib
-from posenc.training import results
+from posenc.workdir import files, results
+from posenc.workdir import lock as lock_lib
 
 STUDY_FILE = lock_lib.STUDY_FILE
 ROWS_FILE = "point.jsonl"

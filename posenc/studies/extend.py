@@ -36,6 +36,7 @@ from posenc.config.schema import ConfigError, Field, Section, Sub
 from posenc.model import options as o
 from posenc.studies import engine, extend_report, tables
 from posenc.training.schema import Run
+from posenc.workdir import records
 
 
 class Method(NamedTuple):
@@ -293,7 +294,8 @@ def hf_run(config):
     from flax import nnx
 
     from posenc.hf import hf
-    from posenc.training import finetune, records
+    from posenc.training import finetune
+    from posenc.workdir import records
 
     resolved = hf_base(config)
     model = hf.load(config.base_hf)
@@ -397,13 +399,13 @@ class Extend(engine.Study):
         return rows
 
     def _fields(self, ctx, point, base) -> dict:
-        from posenc.encodings.rope import rope_search
+        from posenc.training import longrope
 
         f, length = point.fields["factor"], point.fields["length"]
         found = None
         if "longrope" in ctx.config.methods:
-            found = rope_search.read_json(os.path.join(ctx.run_dir(f"longrope_x{f:g}_s{point.fields['seed']}"),
-                                                       "factors.json"))
+            found = longrope.read_factors(os.path.join(ctx.run_dir(f"longrope_x{f:g}_s{point.fields['seed']}"),
+                                                        "factors.json"))
         return {m: method_fields(m, f, length, found) for m in ctx.config.methods}
 
     def _search(self, ctx, point, base) -> None:
@@ -425,9 +427,9 @@ class Extend(engine.Study):
     def _passkey(self, params, resolved, spec, target: int, path: str, key: str, tasks) -> list[dict]:
         """Rows of every retrieval task that fits ``target`` (cached in ``path`` under ``key`` and the task: a
         point resumes without redoing them)."""
-        from posenc import files
         from posenc.tasks import registry
         from posenc.training import finetune
+        from posenc.workdir import files
 
         rows = []
         for task in (t for t in tasks if registry.make(t).min_length() <= target):  # the ones that fit
@@ -464,7 +466,7 @@ class Extend(engine.Study):
 
     def _finetunes(self, ctx, point, base) -> list[dict]:
         """Every budget of one method and factor: fine-tune, evaluate, passkey."""
-        from posenc.training import finetune, finish, loop, prepare
+        from posenc.training import finetune, finish, prepare
 
         p, method = point.fields, point.fields["method"]
         fields = self._fields(ctx, point, base)[method]
@@ -485,7 +487,7 @@ class Extend(engine.Study):
                 run_rows = finetune.finetune(base, resolved, d, name=name, continue_from=start,
                                              row_fields=dict(method=method, factor=float(p["factor"])))
                 previous = (d, resolved)
-            except loop.NonFiniteError as e:
+            except records.NonFiniteError as e:
                 logging.warning("%s diverged: %s", name, e)
                 run_rows = [dict(r, finetune_steps=steps, finetune_tokens=0)
                             for r in finish.record_divergence(resolved, d, e, name=name)]

@@ -81,7 +81,7 @@ def replace_between(text: str, body: str) -> str:
 
 def write(root: str) -> list[str]:
     """Rewrite README.md's run-field table and docs/config.md under ``root``; the paths written."""
-    from posenc import files
+    from posenc.workdir import files
 
     readme = os.path.join(root, "README.md")
     with open(readme) as f:

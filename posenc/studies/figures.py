@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc import files
+from posenc.workdir import files
 
 
 def pyplot():
@@ -16,7 +16,7 @@ def pyplot():
 
 
 def save(fig, path: str, *, dpi: int = 100) -> str:
-    """Write ``fig`` to ``path`` as PNG atomically (:func:`posenc.files.atomic_write`), close it; the path."""
+    """Write ``fig`` to ``path`` as PNG atomically (:func:`posenc.workdir.files.atomic_write`), close it; the path."""
     files.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
     pyplot().close(fig)
     return path

@@ -360,8 +360,8 @@ def check_targets(name: str, value) -> dict:
 
 def study_targets(workdir: str) -> dict:
     """The ``targets`` of the grid config recorded in ``workdir``'s study.json ({} if none)."""
-    from posenc import files
     from posenc.studies import engine
+    from posenc.workdir import files
 
     ident = files.read_json(os.path.join(workdir, engine.STUDY_FILE)) or {}
     return dict((ident.get("config") or {}).get("targets") or {})

@@ -17,8 +17,9 @@ from absl import logging
 
 from posenc.config import overrides
 from posenc.config.schema import ConfigError
-from posenc.training import finish, loop, multiseed, prepare, records, results
+from posenc.training import finish, loop, multiseed, prepare
 from posenc.training import schema as run_schema
+from posenc.workdir import records, results
 
 
 def run_config(base, field_sets, *, name: str):

@@ -18,10 +18,11 @@ from __future__ import annotations
 import itertools
 import os
 
-from posenc import checks, files
+from posenc import checks
 from posenc.config.schema import Field, Free, Section, Sub
 from posenc.studies import engine, grid, stability_report, tables
 from posenc.training.schema import Run
+from posenc.workdir import files
 
 
 def _rates(name, value):

@@ -16,9 +16,9 @@ import os
 
 import numpy as np
 
-from posenc import files
 from posenc.norms import diagnostics
 from posenc.studies import figures, stats, tables
+from posenc.workdir import files
 
 
 def _loss(r) -> float:

@@ -2,14 +2,14 @@
 
 One format for every study: a cell is ``mean ± half-width`` of the 95%
 t-interval over seeds (:mod:`posenc.studies.stats`), a table is a
-markdown grid, and every file is written atomically (:mod:`posenc.files`).
+markdown grid, and every file is written atomically (:mod:`posenc.workdir.files`).
 """
 
 from __future__ import annotations
 
 import collections
 
-from posenc import files
+from posenc.workdir import files
 
 # The range of each metric: intervals are clipped to it when printed.
 BOUNDS = {"accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "decoded_accuracy": (0.0, 1.0),

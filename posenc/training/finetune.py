@@ -45,8 +45,9 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, prepare, records, results
-from posenc.training.checkpoint import Checkpointer
+from posenc.training import loop, prepare
+from posenc.workdir import records, results
+from posenc.workdir.checkpoint import Checkpointer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 One row per (evaluation variant, eval length), with the run's identity
 (task, position kind and options, norm, placement, seed, lengths), its
 training (steps, fit, timings) and the metrics; see
-:data:`posenc.training.results.REQUIRED_FIELDS`. A diverged run gets rows
+:data:`posenc.workdir.results.REQUIRED_FIELDS`. A diverged run gets rows
 too (metrics null, ``diverged_at_step``), so grids count it as a result.
 """
 
@@ -17,7 +17,7 @@ from absl import logging
 
 import posenc
 from posenc.training import evaluate as evaluate_lib
-from posenc.training import records, results
+from posenc.workdir import files, records, results
 
 _main = lambda: jax.process_index() == 0  # noqa: E731  (only process 0 writes files)
 
@@ -62,9 +62,9 @@ def write_rows(workdir: str, rows: list[dict]) -> None:
     """
     path = os.path.join(workdir, "results.jsonl")
     if _main():
-        merged = {results.row_key(r): r for r in results.read_jsonl(path)}
+        merged = {results.row_key(r): r for r in files.read_jsonl(path)}
         merged.update((results.row_key(r), r) for r in rows)
-        results.write_jsonl(path, list(merged.values()))
+        files.write_jsonl(path, list(merged.values()))
 
 
 def finish(model, resolved, workdir: str, *, name: str | None, record: records.CheckpointRecord,

@@ -17,6 +17,7 @@ as an argument, so a search of a hundred candidates compiles once.
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -27,6 +28,7 @@ from flax import nnx
 from posenc.encodings.rope import rope, rope_search
 from posenc.model.encodings.rope import RoPE
 from posenc.training import step as step_lib
+from posenc.workdir import files
 
 
 def _rope_units(model) -> list:
@@ -101,7 +103,7 @@ def search(model, resolved, *, factor: float, target_length: int, short: bool = 
     config["search"]["target_length"] = int(target_length)
     config["search"]["batch_size"] = int(batch_size)
     if path is not None:
-        rope_search.write_json(path, config)
+        write_factors(path, config)
     return config
 
 
@@ -115,3 +117,17 @@ def rope_fields(factors: dict) -> dict:
     for k in ("short_factor", "long_factor"):
         out[f"model.position.rope.{k}"] = tuple(float(v) for v in kw[k])
     return out
+
+
+def write_factors(path, config) -> None:
+    """Write a factor file (:func:`posenc.rope_search.longrope_config`'s object) atomically."""
+    rope_search.check_config(config)
+    files.atomic_write(path, json.dumps(config, indent=1, allow_nan=False))
+
+
+def read_factors(path) -> dict:
+    """Read and check a factor file written by :func:`write_factors`."""
+    with open(path) as f:
+        config = json.load(f)
+    rope_search.check_config(config)
+    return config

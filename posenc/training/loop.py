@@ -5,7 +5,7 @@
      :class:`~posenc.training.prepare.ConfigError` names any bad field) before
      anything compiles; batch sizes are checked against the devices; then
      the workdir is locked (a second process on it is refused, naming this
-     one: :mod:`~posenc.training.lock`) and claimed (``workdir/config.json``;
+     one: :mod:`~posenc.workdir.lock`) and claimed (``workdir/config.json``;
      a workdir holding another config is refused);
   2. if ``workdir/results.jsonl`` already has every row of this config, its
      rows are returned;
@@ -32,7 +32,7 @@ and Orbax writes checkpoints collectively.
 
 Metrics are checked for NaN / Inf at every boundary (one host sync per log,
 checkpoint or fit step): a non-finite loss or gradient norm stops training
-with :class:`~posenc.training.records.NonFiniteError` naming the step, and no
+with :class:`~posenc.workdir.records.NonFiniteError` naming the step, and no
 checkpoint is written after it, so the last good one stays on disk.
 """
 
@@ -49,12 +49,12 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import lock as lock_lib
-from posenc.training import optim, prepare, records, steploop
+from posenc.training import optim, prepare, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
-from posenc.training.records import NonFiniteError  # noqa: F401  (re-exported)
+from posenc.workdir import lock as lock_lib
+from posenc.workdir import records
 
 DATA_STREAM = 0x5EED  # folded into key(seed) so data keys never equal nnx.Rngs(seed) init keys
 
@@ -158,7 +158,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     ``init(graphdef, state) -> (state, record)`` replaces the fresh state of
     a run that has no checkpoint of its own yet (fine-tuning starts from
     another run's parameters, :mod:`~posenc.training.finetune`); ``record``
-    (a :class:`~posenc.training.records.CheckpointRecord`, or None for step
+    (a :class:`~posenc.workdir.records.CheckpointRecord`, or None for step
     0) is where training continues. Once the run has checkpointed, a restart
     resumes from its own checkpoints. ``row_fields`` are added to every row.
     """
@@ -168,7 +168,7 @@ def run(config, workdir: str, *, max_steps_this_run: int | None = None, name: st
     sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
     sharding_lib.check_batch_size(int(config.eval.batch_size), mesh, name="eval.batch_size")
     main = is_main_process()
-    with lock_lib.hold(workdir, enabled=main):  # one process per workdir (posenc.training.lock)
+    with lock_lib.hold(workdir, enabled=main):  # one process per workdir (posenc.workdir.lock)
         return _locked_run(resolved, workdir, main=main, mesh=mesh, fsdp=fsdp,
                            max_steps_this_run=max_steps_this_run, name=name, init=init,
                            row_fields=row_fields)

@@ -20,7 +20,7 @@ and ``train_seconds`` the wall time of the joint training.
 
 A seed leaves the stack when it diverges (NaN / Inf at a boundary: no
 checkpoint after its last good one; returned as its
-:class:`~posenc.training.records.NonFiniteError`) or when it fits
+:class:`~posenc.workdir.records.NonFiniteError`) or when it fits
 (``train.fit_accuracy``: it finishes with its own ``steps_to_fit``); the
 others go on (the step recompiles once for the smaller stack).
 
@@ -58,10 +58,11 @@ from flax import nnx
 
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, prepare, records, results, steploop
+from posenc.training import loop, prepare, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
+from posenc.workdir import records, results
 
 
 @dataclasses.dataclass
@@ -122,7 +123,7 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
     The configs must differ only in ``train.seed`` (ValueError otherwise, before
     any workdir is claimed). Returns, per config, its results rows, None if
     stopped by ``max_steps_this_run`` before the end, or the
-    :class:`~posenc.training.records.NonFiniteError` of a diverged seed
+    :class:`~posenc.workdir.records.NonFiniteError` of a diverged seed
     (``finish.record_divergence`` turns it into rows).
     """
     if len(configs) != len(workdirs):

@@ -26,7 +26,8 @@ from posenc.config import overrides
 from posenc.config.schema import ConfigError  # noqa: F401  (re-exported)
 from posenc.model import ModelSpec
 from posenc.model import encoding as encoding_lib
-from posenc.training import lock, results, schema
+from posenc.training import schema
+from posenc.workdir import files, lock, results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +151,10 @@ def resolve(config) -> Resolved:
 def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bool = True):
     """Claim ``workdir`` for ``resolved``: write config.json; return its complete rows or None.
 
-    :class:`~posenc.training.lock.WorkdirHoldsOther` if the workdir holds a study or
+    :class:`~posenc.workdir.lock.WorkdirHoldsOther` if the workdir holds a study or
     a run of another config. The main process
-    holds the workdir's lock first (:func:`posenc.training.lock.ensure_held`;
-    :class:`~posenc.training.lock.WorkdirInUse` if another process has it).
+    holds the workdir's lock first (:func:`posenc.workdir.lock.ensure_held`;
+    :class:`~posenc.workdir.lock.WorkdirInUse` if another process has it).
     """
     workdir = os.path.abspath(workdir)
     lock.check_kind(workdir, "run")  # before the lock file: nothing written into a study's workdir
@@ -169,8 +170,8 @@ def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bo
                 f"{workdir} holds a run of another config (hash {str(old)[:12]}..., this config "
                 f"{resolved.hash[:12]}...); use another --workdir (or remove this one)")
     if main:
-        results.write_json(config_path, {"config": resolved.config.to_dict(), "config_hash": resolved.hash})
-    done = complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
+        files.write_json(config_path, {"config": resolved.config.to_dict(), "config_hash": resolved.hash})
+    done = complete_rows(files.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
     if done is not None:
         logging.info("run %s is already complete (%d steps); results in %s", name or workdir,
                      resolved.config.train.steps, os.path.join(workdir, "results.jsonl"))
@@ -195,4 +196,4 @@ def complete_rows(rows, resolved: Resolved):
 def completed_rows(config, workdir: str):
     """The results rows of ``config`` in ``workdir`` if the run is complete, else None."""
     resolved = resolve(config)
-    return complete_rows(results.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)
+    return complete_rows(files.read_jsonl(os.path.join(workdir, "results.jsonl")), resolved)

@@ -39,7 +39,7 @@ official one scaled down (population 64 -> 16, parents 32 -> 8, 16 -> 4
 mutations and crossovers, 40 -> 10 iterations). Duplicate candidates are
 never evaluated twice (the official ``history`` check).
 
-JSON (:func:`write_json`, :func:`read_json`): one object with ``"kind":
+JSON (written and read by ``posenc.training.longrope``): one object with ``"kind":
 "longrope"``, ``"rotary_dim"``, the ``frequencies`` keywords ``"base"``,
 ``"factor"``, ``"original_length"``, ``"short_factor"`` and
 ``"long_factor"`` (lists of rotary_dim // 2 floats), and ``"search"``:
@@ -53,13 +53,12 @@ seq_len=n)`` uses it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from posenc import checks, files
+from posenc import checks
 from posenc.encodings.rope import rope_scaling
 
 SEEDS = ("pi", "ntk", "yarn")
@@ -249,13 +248,13 @@ def _rank(population):
 
 
 def search_longrope(long_fitness, short_fitness, rotary_dim, *, factor, original_length,
-                    base=10000.0, short_scale=1.0, path=None, seed=0, **options) -> dict:
+                    base=10000.0, short_scale=1.0, seed=0, **options) -> dict:
     """Search ``long_factor`` (scale ``factor``) and ``short_factor`` (scale ``short_scale``).
 
     LongRoPE searches the long factors at the target length and re-searches
     short ones so that contexts up to original_length keep their quality.
-    Returns the JSON object of the module docstring; writes it to ``path``
-    when given. ``options`` go to :func:`search`.
+    Returns the JSON object of the module docstring (``posenc.training.longrope``
+    writes and reads it as a file). ``options`` go to :func:`search`.
     """
     long = search(long_fitness, rotary_dim, factor=factor, original_length=original_length,
                   base=base, seed=seed, **options)
@@ -263,8 +262,6 @@ def search_longrope(long_fitness, short_fitness, rotary_dim, *, factor, original
                    base=base, seed=seed, **options)
     config = longrope_config(rotary_dim=rotary_dim, base=base, factor=factor,
                              original_length=original_length, short=short, long=long)
-    if path is not None:
-        write_json(path, config)
     return config
 
 
@@ -284,7 +281,7 @@ def longrope_config(*, rotary_dim, base, factor, original_length, short, long) -
                   factor=float(factor), original_length=int(original_length),
                   short_factor=factors(short), long_factor=factors(long),
                   search=dict(short=summary(short), long=summary(long)))
-    _check_config(config)
+    check_config(config)
     return config
 
 
@@ -292,7 +289,8 @@ def _finite(value):
     return value if math.isfinite(value) else None  # JSON has no inf
 
 
-def _check_config(config):
+def check_config(config):
+    """ValueError unless ``config`` is a LongRoPE factor object with rotary_dim // 2 factors each."""
     if not isinstance(config, dict) or config.get("kind") != "longrope":
         raise ValueError(f"a LongRoPE factor file must be an object with kind 'longrope'; got "
                          f"{str(config)[:80]!r}")
@@ -306,17 +304,3 @@ def _check_config(config):
 def frequency_kwargs(config) -> dict:
     """The keywords of ``frequencies("longrope", ...)`` held in a factor file."""
     return {k: config[k] for k in rope_scaling.KEYWORDS["longrope"] if k in config}
-
-
-def write_json(path, config) -> None:
-    """Write a factor file atomically (a temporary file, then a rename)."""
-    _check_config(config)
-    files.atomic_write(path, json.dumps(config, indent=1, allow_nan=False))
-
-
-def read_json(path) -> dict:
-    """Read and check a factor file written by :func:`write_json`."""
-    with open(path) as f:
-        config = json.load(f)
-    _check_config(config)
-    return config

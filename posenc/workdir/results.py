@@ -16,8 +16,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 
-from posenc import files
-from posenc.files import _clean, read_jsonl, write_json, write_jsonl  # noqa: F401  (re-exported)
+from posenc.workdir import files
 
 REQUIRED_FIELDS = (
     "task", "position", "norm", "placement", "seed", "train_length", "eval_length",
@@ -93,7 +92,7 @@ def validate_row(row: dict) -> dict:
 
 def make_row(**fields) -> dict:
     """A validated, JSON-clean results row."""
-    return validate_row(_clean(dict(fields)))
+    return validate_row(files._clean(dict(fields)))
 
 
 def row_key(row: dict) -> tuple:
@@ -110,5 +109,5 @@ def merge_rows(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (:func:`posenc.files.atomic_write`)."""
+    """Replace ``path`` with ``text`` atomically (:func:`posenc.workdir.files.atomic_write`)."""
     files.atomic_write(path, text)

@@ -17,8 +17,8 @@ import os
 import numpy as np
 from absl import logging
 
-from posenc.training import results
-from posenc.training.checkpoint import Checkpointer
+from posenc.workdir import files
+from posenc.workdir.checkpoint import Checkpointer
 
 CHECKED = ("loss", "total_loss", "grad_norm")  # a NaN / Inf in any of these stops the run
 
@@ -106,7 +106,7 @@ class RunLog:
             state, raw = self.ckpt.restore(state)
             self.record = CheckpointRecord.from_json(raw)
             logging.info("resumed from checkpoint step %d in %s", self.start, self.ckpt.directory)
-        self.log_rows = [r for r in results.read_jsonl(self.log_path) if r["step"] <= self.start]
+        self.log_rows = [r for r in files.read_jsonl(self.log_path) if r["step"] <= self.start]
         self.last_good = self.start or None
         return state
 
@@ -119,7 +119,7 @@ class RunLog:
                     kept = (f"The last good checkpoint is step {self.last_good} in {self.ckpt.directory}"
                             if self.last_good else "No checkpoint had been written yet")
                     if self.main:  # keep the logged curve up to the divergence (e.g. logit growth)
-                        results.write_jsonl(self.log_path, self.log_rows)
+                        files.write_jsonl(self.log_path, self.log_rows)
                     raise NonFiniteError(
                         f"non-finite {name} ({value}) at step {step}; training stopped. {kept} (no "
                         "checkpoint is written after a non-finite step). Try a lower "
@@ -153,7 +153,7 @@ class RunLog:
         """
         self.record.step, self.record.train_seconds = s, train_seconds
         if self.main:
-            results.write_jsonl(self.log_path, self.log_rows)
+            files.write_jsonl(self.log_path, self.log_rows)
         self.ckpt.save(s, state, self.record.to_json())
         self.last_good = s
 
