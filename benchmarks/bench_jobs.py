@@ -63,11 +63,11 @@ def quick_grids(config, emit):
             states = [loop.init_state(r)[2:] for _ in range(seeds)]
             graphdef = states[0][0]
             if seeds > 1:
-                fn = step_lib.seeds_train_chunk_fn(r.task, c, steploop.AUTO_MAX)
+                fn = step_lib.seeds_train_chunk_fn(r.train, steploop.AUTO_MAX)
                 state = multiseed._stack([s for _, s in states])
                 data = jax.random.split(jax.random.key(0), seeds)
             else:
-                fn = step_lib.train_chunk_fn(r.task, c, steploop.AUTO_MAX)
+                fn = step_lib.train_chunk_fn(r.train, steploop.AUTO_MAX)
                 state, data = states[0][1], jax.random.key(0)
             t = time.perf_counter()
             state, m = fn(graphdef, state, data, np.int32(0), np.int32(1))

@@ -92,18 +92,18 @@ def profile(config, position: str, build) -> list[dict]:
     import jax
     import numpy as np
 
-    from benchmarks.workload import RandomTokens, config_for
+    from benchmarks import workload
+    from benchmarks.workload import config_for
     from posenc.training import step as step_lib
 
     c = config_for(config, position)
     steps = int(c.bench.steps)
-    task = RandomTokens(int(c.model.vocab_size))
     m = c.model
     dims = dict(B=int(c.train.batch_size), L=int(c.task.train_length), V=int(m.vocab_size),
                 D=int(m.d_model), F=int(m.d_model * m.mlp_ratio))
     root = jax.random.key(0)
-    single = step_lib.train_step_fn(task, c)
-    chunk = step_lib.train_chunk_fn(task, c, steps)
+    single = step_lib.train_step_fn(workload.train_spec(c))
+    chunk = step_lib.train_chunk_fn(workload.train_spec(c), steps)
     modes = {}
     _, g, s = build(c)
     modes["one per call"] = (single, g, s, single.lower(g, s, root).compile().as_text())

@@ -41,10 +41,9 @@ def main(argv):
     from benchmarks import cases, pinning, workload
 
     c = workload.config_for(cases.get_config(_CASE.value), "rope")
-    task = workload.RandomTokens(int(c.model.vocab_size))
     _, graphdef, state = workload.fresh_state(c)
     k = int(_STEPS.value)
-    chunks = workload.Chunks(task, c, k)
+    chunks = workload.Chunks(c, k)
     state, metrics = chunks(graphdef, state, k)  # compiles; the worker pool starts
     jax.block_until_ready(metrics)
     if _PIN.value:

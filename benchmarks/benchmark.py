@@ -124,10 +124,9 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
     from posenc.training import steploop
 
     c = workload.config_for(config, position)
-    task = workload.RandomTokens(int(c.model.vocab_size))
     model, graphdef, state = workload.fresh_state(c)
     buffer = steploop.AUTO_MAX if c.bench.steps_per_call == "auto" else int(c.bench.steps_per_call)
-    chunks = workload.Chunks(task, c, buffer)
+    chunks = workload.Chunks(c, buffer)
     t = time.perf_counter()
     state, metrics = chunks(graphdef, state, 1)
     jax.block_until_ready(metrics)
@@ -140,7 +139,7 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
     k, state = workload.steps_per_call(c, chunks, graphdef, state)
     single = None
     if c.bench.one_per_call:
-        single = step_lib.train_step_fn(task, c)
+        single = step_lib.train_step_fn(workload.train_spec(c))
         _, graphdef1, state1 = workload.fresh_state(c)
         root1 = jax.random.key(1)
         state1, m = single(graphdef1, state1, root1)
@@ -190,7 +189,7 @@ def bench_train(config, position: str, peak: float, rounds: int = 1):
         yield row
 
 
-def _stats_in_step(task, config):
+def _stats_in_step(config):
     """The train step as it was before diagnostics left the hot path: the loss forward returns
     them (return_stats=True), which rules out the fused attention path on every step. Measurement
     only: the library's step (posenc.training.step) collects no diagnostics."""
@@ -201,11 +200,12 @@ def _stats_in_step(task, config):
     from posenc.training import optim
     from posenc.training import step as step_lib
 
-    schedule = optim.learning_rate_schedule(config.train)
+    spec = workload.train_spec(config)
+    schedule = optim.learning_rate_schedule(spec.optimizer)
 
     def step(graphdef, state, key):
         model, optimizer = nnx.merge(graphdef, state)
-        batch, positions = step_lib._train_batch(task, config, key, None)
+        batch, positions = step_lib._train_batch(spec, key, None)
         mgraph, params, rest = nnx.split(model, nnx.Param, ...)
 
         def loss_fn(params):
@@ -232,12 +232,11 @@ def bench_stats_ab(config, position: str, rounds: int):
     from posenc.training import step as step_lib
 
     c = workload.config_for(config, position)
-    task = workload.RandomTokens(int(c.model.vocab_size))
-    fns = {"current": step_lib.train_step_fn(task, c), "stats_in_step": _stats_in_step(task, c)}
+    fns = {"current": step_lib.train_step_fn(workload.train_spec(c)), "stats_in_step": _stats_in_step(c)}
     states = {}
     for name in fns:
         model = workload.build(c)
-        optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
+        optimizer = nnx.Optimizer(model, optim.make_optimizer(workload.train_spec(c).optimizer), wrt=nnx.Param)
         graphdef, states[name] = nnx.split((model, optimizer))
     key = jax.random.key(0)
     for name, fn in fns.items():  # compile

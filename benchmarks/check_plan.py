@@ -66,7 +66,7 @@ def _host_flops_per_s(config) -> float:
     config.train.batch_size = max(1, int(config.train.batch_size) // 10)
     r = prepare.resolve(config)
     _, _, graphdef, state = loop.init_state(r)
-    fn = step_lib.train_step_fn(r.task, r.config)
+    fn = step_lib.train_step_fn(r.train)
     key = jax.random.key(0)
     state, m = fn(graphdef, state, key)  # compile
     jax.block_until_ready(m)

@@ -60,7 +60,7 @@ def _train(model, r, steps: int):
         return value
 
     for i in range(steps):
-        batch, _ = step_lib._batch(r.task, r.config, jax.random.key(i), int(r.config.train.batch_size),
+        batch, _ = step_lib._batch(r.task, r.train.positions, jax.random.key(i), int(r.config.train.batch_size),
                                    int(r.config.task.train_length), split="train")
         update(model, optimizer, batch)
     return model

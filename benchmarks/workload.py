@@ -6,6 +6,9 @@ Shared by benchmarks.benchmark, benchmarks.bench_profile and benchmarks.bench_th
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 
 def config_for(config, position: str):
     import copy
@@ -25,7 +28,7 @@ def spec(c):
 
 
 class RandomTokens:
-    """Uniform random tokens, every position a target: the peer's workload."""
+    """Uniform random tokens, every position a target: the peer's workload (made by :class:`RandomTokensSpec`)."""
 
     name = "random"
 
@@ -38,6 +41,28 @@ class RandomTokens:
 
         x = jax.random.randint(key, (batch_size, length + 1), 0, self.vocab_size, jnp.int32)
         return {"inputs": x[:, :-1], "targets": x[:, 1:], "mask": jnp.ones((batch_size, length), jnp.float32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomTokensSpec:
+    """The task spec of :class:`RandomTokens` (a train spec's ``task``: hashable, with ``make``)."""
+
+    vocab_size: int
+
+    def make(self):
+        return _random_tokens(self.vocab_size)
+
+
+@functools.cache
+def _random_tokens(vocab_size: int):
+    return RandomTokens(vocab_size)
+
+
+def train_spec(c):
+    """The train step's spec of a benchmark config: its train fields, on :class:`RandomTokens`."""
+    from posenc.training import specs
+
+    return specs.TrainSpec.from_config(c, RandomTokensSpec(int(c.model.vocab_size)))
 
 
 def build(config):
@@ -65,7 +90,7 @@ def fresh_state(c):
     from posenc.training import optim
 
     model = build(c)
-    optimizer = nnx.Optimizer(model, optim.make_optimizer(c.train), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, optim.make_optimizer(train_spec(c).optimizer), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
     return model, graphdef, state
 
@@ -73,12 +98,12 @@ def fresh_state(c):
 class Chunks:
     """Train steps in calls of ``k`` (posenc.training.step.train_chunk_fn, as the loop runs them)."""
 
-    def __init__(self, task, c, buffer):
+    def __init__(self, c, buffer):
         import jax
 
         from posenc.training import step as step_lib
 
-        self.fn = step_lib.train_chunk_fn(task, c, buffer)
+        self.fn = step_lib.train_chunk_fn(train_spec(c), buffer)
         self.root, self.t = jax.random.key(0), 0
 
     def __call__(self, graphdef, state, n):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 def is_int(value) -> bool:
@@ -117,3 +118,49 @@ def no_extra(where: str, given: dict, *, allowed: Iterable[str]) -> None:
     if extra:
         takes = ", ".join(allowed) if allowed else "no keywords"
         raise ValueError(f"{where} does not use {', '.join(extra)}; it takes: {takes}")
+
+
+# Field checks: ``check(full field name, value) -> clean value``, or ValueError naming the field
+# (the checks of config fields and of model units' options, posenc.config.schema.Field).
+Check = Callable[[str, Any], Any]
+
+
+def positive_int(name, value) -> int:
+    return integer(name, value, minimum=1)
+
+
+def nonnegative_int(name, value) -> int:
+    return integer(name, value, minimum=0)
+
+
+def positive(name, value) -> float:
+    return number(name, value, positive=True)
+
+
+def nonnegative(name, value) -> float:
+    return number(name, value, minimum=0.0)
+
+
+def one_of(*allowed: str) -> Check:
+    """A check accepting exactly the strings ``allowed``."""
+
+    def check(name, value):
+        return choice(name, value, allowed)
+
+    return check
+
+
+def optional(check: Check) -> Check:
+    """``check``, but None is accepted (and kept)."""
+
+    def wrapped(name, value):
+        return None if value is None else check(name, value)
+
+    return wrapped
+
+
+def positive_floats(name, value) -> tuple[float, ...]:
+    """A tuple (or list) of positive finite numbers, e.g. LongRoPE's factors."""
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of positive numbers; got {value!r}")
+    return tuple(number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import posenc
+from posenc.checks import positive
 from posenc.model import Encoding, Option, register_encoding
-from posenc.model.options import positive
 
 
 @register_encoding("test_scaled_alibi")

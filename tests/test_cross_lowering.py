@@ -75,7 +75,7 @@ def lower(platform, program):
             model, _, graphdef, state = loop.init_state(r)
             length = int(r.config.task.train_length)
             if program == "train":
-                fn = step_lib.train_step_fn(r.task, r.config)
+                fn = step_lib.train_step_fn(r.train)
                 args = (graphdef, _shapes(state), jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
             else:
                 mgraph, mstate = nnx.split(model)
@@ -142,7 +142,7 @@ def test_decoder_programs_compile_for_a_tpu(generation, program):
             placed = lambda t: jax.tree.map(  # noqa: E731
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), t)
             if program == "train":
-                fn = step_lib.train_step_fn(r.task, r.config)
+                fn = step_lib.train_step_fn(r.train)
                 args = (graphdef, placed(state),
                         jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep))
             else:

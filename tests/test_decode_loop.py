@@ -130,7 +130,7 @@ def test_eval_set_correctness_of_a_task():
     assert (mask.sum(axis=1) == n).all() and not correct[~mask].any()
     # the same examples as a direct decode of the evaluation batches
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(int(r.config.eval.seed)), 16), 1)
-    batch, _ = eval_step.eval_batch(r.task, r.config, key, 4, 16)
+    batch, _ = eval_step.eval_batch(r.task, r.train.positions, key, 4, 16)
     direct, _ = decode.answer_correctness(model, batch)
     np.testing.assert_array_equal(correct[4:], direct)
 
@@ -276,7 +276,7 @@ def test_eval_set_decoding_equals_the_decoder_before(arg, monkeypatch):
     root = jax.random.fold_in(jax.random.key(int(r.config.eval.seed)), n)
     expected = []
     for i in range(2):
-        batch, positions = eval_step.eval_batch(r.task, r.config, jax.random.fold_in(root, i), 4, n,
+        batch, positions = eval_step.eval_batch(r.task, r.train.positions, jax.random.fold_in(root, i), 4, n,
                                                 min_size=plan.min_size)
         expected.append(old_decoding(model, batch, positions)[0])
     np.testing.assert_array_equal(correct, np.concatenate(expected))

@@ -175,7 +175,7 @@ def test_decoding_starts_from_the_evaluations_own_teacher_forcing(monkeypatch):
     graphdef, state = nnx.split(model)
 
     def program(errors):
-        return eval_step.eval_length_fn(r.task, r.config, length, plan.batch_size, plan.num_batches,
+        return eval_step.eval_length_fn(r.task, r.train.positions, length, plan.batch_size, plan.num_batches,
                                         rows=plan.rows, per_position=plan.per_position, min_size=plan.min_size,
                                         errors=errors)(graphdef, state, root)
 

@@ -28,7 +28,7 @@ def tiny():
 def restored_params(config, workdir):
     r = prepare.resolve(config)
     model = Decoder(r.spec, rngs=nnx.Rngs(99))
-    opt = nnx.Optimizer(model, optim.make_optimizer(r.config.train), wrt=nnx.Param)
+    opt = nnx.Optimizer(model, optim.make_optimizer(r.train.optimizer), wrt=nnx.Param)
     _, state = nnx.split((model, opt))
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
     state, record = ckpt.restore(state)
@@ -82,8 +82,8 @@ def test_workdir_with_another_config_is_refused(tmp_path):
 def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real = step_lib.train_chunk_fn
 
-    def poisoned(task, config, buffer, **kw):
-        fn = real(task, config, buffer, **kw)
+    def poisoned(spec, buffer, **kw):
+        fn = real(spec, buffer, **kw)
 
         def chunk(graphdef, state, root, t0, n):
             state, metrics = fn(graphdef, state, root, t0, n)

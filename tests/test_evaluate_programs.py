@@ -10,7 +10,7 @@ from flax import nnx
 
 from posenc.config import overrides
 from posenc.model import Decoder
-from posenc.training import eval_step, evaluate, prepare
+from posenc.training import eval_step, evaluate, prepare, specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,9 +24,9 @@ def chunk_by_chunk(model, r, length):
     """The sums of one ``eval_step_fn`` call per (batch, row chunk), added on the host's order."""
     c = r.config
     batch_size = int(c.eval.batch_size)
-    rows = evaluate.rows_per_step(batch_size, length, int(c.eval.max_tokens_per_step))
+    rows = eval_step.rows_per_step(batch_size, length, int(c.eval.max_tokens_per_step))
     plan = evaluate.plan_length(r.task, c, length)  # copy: Kazemnejad et al.'s size bins
-    fn = eval_step.eval_step_fn(r.task, c, length, batch_size, rows=rows, min_size=plan.min_size)
+    fn = eval_step.eval_step_fn(r.task, r.train.positions, length, batch_size, rows=rows, min_size=plan.min_size)
     graphdef, state = nnx.split(model)
     root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), length)
     totals = None
@@ -49,18 +49,20 @@ def test_one_call_per_length_equals_chunk_by_chunk_calls():
     assert row["loss"] == float(totals["loss_sum"]) / float(totals["mask_sum"])
     assert row["accuracy"] == float(totals["correct_sum"]) / float(totals["mask_sum"])
     assert row["exact_match"] == float(totals["exact_sum"]) / float(totals["examples"])
-    fn = eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1, errors=True)  # decoding follows
+    # decoding follows: the first errors too
+    fn = eval_step.eval_length_fn(r.task, r.train.positions, 16, 8, 3, rows=2, min_size=1, errors=True)
     other = Decoder(r.spec, rngs=nnx.Rngs(1))  # another model of the graph: the same program
     assert evaluate.evaluate_length(other, r.task, r.config, r.spec, 16)["loss"] != row["loss"]
     assert fn._cache_size() == 1
     from posenc.training import step
 
-    chunk = step.train_chunk_fn(r.task, r.config, 4)
+    chunk = step.train_chunk_fn(r.train, 4)
     step.clear_cache(training_only=True)  # a fine-tune's schedule is gone; the evaluation program stays
-    assert eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1, errors=True).program is fn.program
-    assert step.train_chunk_fn(r.task, r.config, 4) is not chunk
+    again = eval_step.eval_length_fn(r.task, r.train.positions, 16, 8, 3, rows=2, min_size=1, errors=True)
+    assert again.program is fn.program
+    assert step.train_chunk_fn(r.train, 4) is not chunk
     step.clear_cache()
-    assert eval_step.eval_length_fn(r.task, r.config, 16, 8, 3, rows=2, min_size=1).program is not fn.program
+    assert eval_step.eval_length_fn(r.task, r.train.positions, 16, 8, 3, rows=2, min_size=1).program is not fn.program
 
 
 def seed_models(spec, n=3):
@@ -156,15 +158,15 @@ def test_a_depth_sweep_shares_one_program_with_the_rows_of_one_program_per_depth
     graphdef, state = nnx.split(model)
     root = jax.random.fold_in(jax.random.key(int(c.eval.seed)), 300)
     points = evaluate.sweep_points(r.config, r.task)
-    shared = [eval_step.eval_length_fn(task, config, 300, 4, 2) for _, config, task in points]
+    shared = [eval_step.eval_length_fn(task, r.train.positions, 300, 4, 2) for _, _, task in points]
     assert len({id(fn.program) for fn in shared}) == 1
-    uniform = eval_step.eval_length_fn(r.task, r.config, 300, 4, 2)  # depth None: a program of its own
+    uniform = eval_step.eval_length_fn(r.task, r.train.positions, 300, 4, 2)  # depth None: a program of its own
     assert uniform.program is not shared[0].program
-    monkeypatch.setattr(eval_step, "traced_values", lambda task: {})  # the depth compiled in, as before
+    monkeypatch.setattr(specs.TaskSpec, "traced", property(lambda self: {}))  # the depth compiled in
     losses = []
-    for (sweep, config, task), fn in zip(points, shared):
+    for (sweep, _, task), fn in zip(points, shared):
         together = jax.device_get(fn(graphdef, state, root))
-        constant = eval_step.eval_length_fn(task, config, 300, 4, 2)
+        constant = eval_step.eval_length_fn(task, r.train.positions, 300, 4, 2)
         assert constant.program is not fn.program
         alone = jax.device_get(constant(graphdef, state, root))
         for k in ("correct_sum", "mask_sum", "exact_sum", "examples"):
@@ -172,8 +174,9 @@ def test_a_depth_sweep_shares_one_program_with_the_rows_of_one_program_per_depth
         assert together["loss_sum"] == pytest.approx(alone["loss_sum"], rel=1e-5), sweep
         for i in range(2):  # and the batches themselves
             key = jax.random.fold_in(root, i)
-            a = eval_step.eval_batch(task, config, key, 4, 300)[0]
-            b = jax.jit(lambda d: eval_step.eval_batch(task.with_traced({"depth": d}), config, key, 4, 300)[0])(
+            a = eval_step.eval_batch(task, r.train.positions, key, 4, 300)[0]
+            b = jax.jit(lambda d: eval_step.eval_batch(task.with_traced({"depth": d}), r.train.positions, key, 4,
+                                                   300)[0])(
                 jax.numpy.float32(sweep["depth"]))
             assert all((a[k] == b[k]).all() for k in a), sweep
         losses.append(float(together["loss_sum"]))

@@ -104,9 +104,9 @@ def _perturbed(model, seed):
     helpers.perturb_params(model, jax.random.key(seed), 0.02)
 
 
-def _check_program(task, config):
+def _check_program(spec):
     """One jit: the real train step, then the full forward and cached decoding of the new model."""
-    train_step = step_lib._train_step(task, config)
+    train_step = step_lib._train_step(spec)
 
     @jax.jit
     def check(graphdef, state, key, tokens, positions):
@@ -133,7 +133,7 @@ def test_random_valid_configs_train_a_step_and_decode_like_the_full_forward(draw
     graphdef, state = nnx.split((model, optimizer))
     tokens = jax.random.randint(jax.random.key(1), (2, LENGTH), 0, resolved.spec.vocab_size)
     positions = offset + jnp.arange(LENGTH)
-    check = _check_program(resolved.task, resolved.config)
+    check = _check_program(resolved.train)
     metrics, full, cached, finite = check(graphdef, state, jax.random.key(0), tokens, positions)
     for name in ("loss", "total_loss", "grad_norm"):
         assert math.isfinite(float(metrics[name])), (name, fields)

@@ -69,14 +69,14 @@ def _train_steps(config, steps):
     from posenc.training import step as step_lib
 
     r = prepare.resolve(config)
-    config, task = r.config, r.task
+    config = r.config
     graphdef, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(config)
     if mesh is None:
-        fn = step_lib.train_step_fn(task, config)
+        fn = step_lib.train_step_fn(r.train)
     else:
         state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(config))
-        fn = step_lib.train_step_fn(task, config, mesh=mesh)
+        fn = step_lib.train_step_fn(r.train, mesh=mesh)
     root = jax.random.fold_in(jax.random.key(int(config.train.seed)), loop.DATA_STREAM)
     losses = []
     for t in range(steps):
@@ -97,7 +97,7 @@ def _train_chunk(config, steps):
     graphdef, state = _fresh_state(r)
     mesh = sharding.mesh_or_none(r.config)
     state = sharding.shard_state(state, mesh, fsdp=sharding.fsdp_enabled(r.config))
-    fn = step_lib.train_chunk_fn(r.task, r.config, steps + 1, mesh=mesh)
+    fn = step_lib.train_chunk_fn(r.train, steps + 1, mesh=mesh)
     root = sharding.replicate(loop.data_root(r.config), mesh)
     state, metrics = fn(graphdef, state, root, sharding.replicate(np.int32(0), mesh),
                         sharding.replicate(np.int32(steps), mesh))

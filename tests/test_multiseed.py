@@ -98,8 +98,8 @@ def test_killed_group_resumes_exactly_and_mixed_starts(tmp_path, together):
 def test_one_diverging_seed_keeps_the_others(tmp_path, monkeypatch, separate):
     real = step_lib.seeds_train_chunk_fn
 
-    def poisoned(task, c, buffer, **kw):
-        fn = real(task, c, buffer, **kw)
+    def poisoned(spec, buffer, **kw):
+        fn = real(spec, buffer, **kw)
 
         def chunk(graphdef, states, roots, t0, n):
             states, metrics = fn(graphdef, states, roots, t0, n)

@@ -391,6 +391,7 @@ def _tiny_config():
 
 
 def test_training_and_evaluation_feed_the_tasks_ids_as_positions():
+    from posenc.training import specs
     from posenc.training import step as step_lib
 
     c = _tiny_config()
@@ -400,11 +401,12 @@ def test_training_and_evaluation_feed_the_tasks_ids_as_positions():
     c.model.position.kind = "rope"
     task = tasks.make("addition", **c.task.options.to_dict())
     for split in ("train", "eval"):
-        batch, positions = step_lib._batch(task, c, jax.random.key(0), 4, 20, split=split)
+        batch, positions = step_lib._batch(task, specs.Positions.from_config(c), jax.random.key(0), 4, 20,
+                                           split=split)
         np.testing.assert_array_equal(np.asarray(positions), np.asarray(batch["position_ids"]))
     c.model.position.randomized = True
     with pytest.raises(ValueError, match="model.position.randomized=True, but the task gives its own positions"):
-        step_lib._batch(task, c, jax.random.key(0), 4, 20, split="train")
+        step_lib._batch(task, specs.Positions.from_config(c), jax.random.key(0), 4, 20, split="train")
 
 
 def test_padding_after_the_answer_has_id_zero():

@@ -156,8 +156,8 @@ def test_chunk_equals_single_steps_bit_for_bit():
     r = prepare.resolve(config())
     _, _, graphdef, state = loop.init_state(r)
     root = loop.data_root(r.config)
-    one = step_lib.train_step_fn(r.task, r.config)
-    chunk = step_lib.train_chunk_fn(r.task, r.config, 4)
+    one = step_lib.train_step_fn(r.train)
+    chunk = step_lib.train_chunk_fn(r.train, 4)
     a, singles = jax.tree.map(jnp.copy, state), []
     for t in range(7):
         a, m = one(graphdef, a, jax.random.fold_in(root, t))
@@ -182,8 +182,8 @@ def test_seeds_chunk_equals_single_vmapped_steps_bit_for_bit():
     stacked = multiseed._stack([s[3] for s in states])
     roots = np.stack([jax.random.key_data(loop.data_root(r.config)) for r in rs])
     roots = jax.random.wrap_key_data(roots)
-    one = step_lib.seeds_train_step_fn(rs[0].task, rs[0].config)
-    chunk = step_lib.seeds_train_chunk_fn(rs[0].task, rs[0].config, 3)
+    one = step_lib.seeds_train_step_fn(rs[0].train)
+    chunk = step_lib.seeds_train_chunk_fn(rs[0].train, 3)
     a, singles = jax.tree.map(jnp.copy, stacked), []
     for t in range(5):
         a, m = one(graphdef, a, roots, np.int32(t))

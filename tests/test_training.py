@@ -11,7 +11,7 @@ from flax import nnx
 
 from posenc.config import overrides
 from posenc.model import Decoder
-from posenc.training import evaluate, loop, optim, prepare
+from posenc.training import eval_step, evaluate, loop, optim, prepare, specs
 from posenc.training import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ def tiny_config(arg="tiny"):
 def test_schedule_warmup_cosine():
     c = tiny_config().train
     c.update(steps=100, warmup_steps=10, learning_rate=1e-2, min_lr_ratio=0.1)
-    s = optim.learning_rate_schedule(c)
+    s = optim.learning_rate_schedule(specs.OptimizerSpec.from_train(c))
     np.testing.assert_allclose([s(0), s(5), s(10), s(55), s(100)],
                                [0.0, 5e-3, 1e-2, 5.5e-3, 1e-3], rtol=1e-5, atol=1e-9)
 
@@ -33,8 +33,8 @@ def test_schedule_warmup_cosine():
 def test_optimizer_clips_and_decays_matrices_only():
     c = tiny_config().train
     c.update(steps=10, warmup_steps=0, learning_rate=0.1, weight_decay=0.5, clip_norm=1.0)
-    tx = optim.make_optimizer(c)
-    assert optim.make_optimizer(c) is tx  # same settings, same object: one compile per process
+    tx = optim.make_optimizer(specs.OptimizerSpec.from_train(c))
+    assert optim.make_optimizer(specs.OptimizerSpec.from_train(c)) is tx  # equal specs, one object: one compile
     params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
     zero = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zero, tx.init(params), params)
@@ -63,8 +63,8 @@ def raw(x):
 def train(config, steps, stats=False):
     r = prepare.resolve(config)
     _, _, graphdef, state = loop.init_state(r)
-    fn = step_lib.train_step_fn(r.task, r.config)
-    stats_fn = step_lib.stats_fn(r.task, r.config)
+    fn = step_lib.train_step_fn(r.train)
+    stats_fn = step_lib.stats_fn(r.train)
     root = loop.data_root(r.config)
     history = []
     for t in range(steps):
@@ -100,14 +100,14 @@ def test_stats_pass_sees_the_step_batch_and_parameters(tiny):
     r = prepare.resolve(tiny)
     model, _, graphdef, state = loop.init_state(r)
     key = jax.random.fold_in(loop.data_root(r.config), 0)
-    stats = step_lib.stats_fn(r.task, r.config)(graphdef, state, key)
-    batch, positions = step_lib._batch(r.task, r.config, key, int(r.config.train.batch_size),
+    stats = step_lib.stats_fn(r.train)(graphdef, state, key)
+    batch, positions = step_lib._batch(r.task, r.train.positions, key, int(r.config.train.batch_size),
                                        int(r.config.task.train_length), split="train")
     _, ref = model(batch["inputs"], positions, return_stats=True)
     for k in ("max_attention_logit", "attention_entropy", "logit_mean", "log_z"):
         np.testing.assert_allclose(stats[k], ref[k], rtol=1e-5, err_msg=k)
     # the train step itself returns no diagnostics: they cost a forward on logging steps only
-    _, metrics = step_lib.train_step_fn(r.task, r.config)(graphdef, state, key)
+    _, metrics = step_lib.train_step_fn(r.train)(graphdef, state, key)
     assert "max_attention_logit" not in metrics
 
 
@@ -123,7 +123,7 @@ def test_deterministic_from_seed(tiny):
     assert [m["loss"] for m in h3] != [m["loss"] for m in h1]
     # three models of one shape (two seeds), each its own graphdef object: one jitted step
     r = prepare.resolve(tiny)
-    assert step_lib.train_step_fn(r.task, r.config)._cache_size() == 1
+    assert step_lib.train_step_fn(r.train)._cache_size() == 1
 
 
 def test_z_loss_is_added(tiny):
@@ -142,7 +142,7 @@ def test_randomized_positions_train(tiny, per):
                             randomized_per=per)
     _, h = train(c, 2)
     assert np.isfinite(h[-1]["loss"])
-    positions = step_lib.positions_for(c, jax.random.key(0), 4, 8)
+    positions = step_lib.positions_for(specs.Positions.from_config(c), jax.random.key(0), 4, 8)
     if per == "batch":  # the reference: one sorted draw shared by the batch
         assert positions.shape == (8,)
     else:
@@ -193,8 +193,8 @@ def test_evaluation_in_row_chunks_equals_one_batch():
     assert whole["eval_rows_per_step"] == 8 and chunked["eval_rows_per_step"] == 2
     for k in ("loss", "accuracy", "exact_match", "eval_tokens"):
         assert chunked[k] == pytest.approx(whole[k], rel=1e-6), k
-    assert evaluate.rows_per_step(32, 100, 1000) == 8  # the largest divisor within the budget
-    assert evaluate.rows_per_step(32, 5000, 1000) == 1  # one row even past the budget
+    assert eval_step.rows_per_step(32, 100, 1000) == 8  # the largest divisor within the budget
+    assert eval_step.rows_per_step(32, 5000, 1000) == 1  # one row even past the budget
 
 
 def test_zero_shot_evaluation_variants():
@@ -233,7 +233,7 @@ def test_independent_weight_decay_does_not_scale_with_the_peak_learning_rate():
         train = ml_collections.ConfigDict(dict(steps=10, warmup_steps=0, learning_rate=lr, min_lr_ratio=1.0,
                                                weight_decay=1e-2, weight_decay_mode=mode, clip_norm=0.0,
                                                b1=0.9, b2=0.98, eps=1e-9))
-        tx = optim.make_optimizer(train)
+        tx = optim.make_optimizer(specs.OptimizerSpec.from_train(train))
         params = {"w": jnp.ones((2, 2))}
         updates, _ = tx.update({"w": jnp.zeros((2, 2))}, tx.init(params), params)  # zero gradient: decay only
         return float(-updates["w"][0, 0])

@@ -70,11 +70,11 @@ class Position(Section):
     layers = Field((), _rules, "rules changing the kind or options of some layers (posenc.model.layer_options), "
                                'e.g. ({"every": 6, "offset": 5, "rope.base": 1e6},): Gemma 3\'s global layers',
                    type=tuple)
-    randomized = Field(False, options.boolean, "randomized positions (Ruoss et al. 2023) at training "
+    randomized = Field(False, checks.boolean, "randomized positions (Ruoss et al. 2023) at training "
                                                "and evaluation, as the reference")
-    randomized_max_position = Field(2048, options.positive_int, "randomized positions are drawn from "
+    randomized_max_position = Field(2048, checks.positive_int, "randomized positions are drawn from "
                                                                 "[0, randomized_max_position)")
-    randomized_per = Field("batch", options.one_of(*RANDOMIZED_PER),
+    randomized_per = Field("batch", checks.one_of(*RANDOMIZED_PER),
                            "batch (the reference: one draw per batch) | example")
 
     @classmethod
@@ -94,67 +94,67 @@ class Norm(Section):
 
     kind = Field("rms", _named(norm_names.check_norm_kind), "a norm of posenc.norm_names.NORM_KINDS")
     placement = Field("pre", _named(norm_names.check_placement), "a placement of posenc.norm_names.PLACEMENTS")
-    eps = Field(1e-6, options.positive, "norm epsilon")
+    eps = Field(1e-6, checks.positive, "norm epsilon")
     mixln_fraction = Field(0.25, lambda n, v: checks.number(n, v, minimum=0.0, maximum=1.0),
                            "placement mixln: the fraction of post-norm layers (the first ones)")
-    dyt_alpha = Field(0.5, options.positive, "kind dyt: the initial alpha")
+    dyt_alpha = Field(0.5, checks.positive, "kind dyt: the initial alpha")
     qk_norm = Field("none", _named(norm_names.check_qk_norm), "QK-norm of posenc.norm_names.QK_NORMS")
-    qk_norm_after_rope = Field(False, options.boolean, "normalise the rotated q, k (Llama 4), not the projections")
-    qk_norm_layers = Field("all", options.one_of(*LAYER_RULES),
+    qk_norm_after_rope = Field(False, checks.boolean, "normalise the rotated q, k (Llama 4), not the projections")
+    qk_norm_layers = Field("all", checks.one_of(*LAYER_RULES),
                            "all | positional (layers with a position term: Llama 4) | nope")
-    attn_softcap = Field(0.0, options.nonnegative, "attention-logit soft-cap (0 = off)")
-    final_softcap = Field(0.0, options.nonnegative, "output-logit soft-cap (0 = off)")
-    embed_scale = Field(False, options.boolean, "multiply token embeddings by sqrt(d_model)")
-    embed_norm = Field(False, options.boolean, "a norm of model.norm.kind right after the embedding (BLOOM)")
+    attn_softcap = Field(0.0, checks.nonnegative, "attention-logit soft-cap (0 = off)")
+    final_softcap = Field(0.0, checks.nonnegative, "output-logit soft-cap (0 = off)")
+    embed_scale = Field(False, checks.boolean, "multiply token embeddings by sqrt(d_model)")
+    embed_norm = Field(False, checks.boolean, "a norm of model.norm.kind right after the embedding (BLOOM)")
 
 
 class LogitScale(Section):
     """model.logit_scale: length-aware scaling of the queries (posenc.logit_scale)."""
 
-    kind = Field("none", options.one_of(*LOGIT_SCALES),
+    kind = Field("none", checks.one_of(*LOGIT_SCALES),
                  "none | ssmax (s log n) | logn (Qwen: max(1, log n / log L_train)) | temperature "
                  "(Llama 4); n = the keys the query sees")
-    layers = Field("all", options.one_of(*LAYER_RULES), "all | positional | nope: the layers it applies to")
-    train_length = Field(0, options.nonnegative_int, "logn: L_train (0: the task's training length)")
-    floor_scale = Field(8192.0, options.positive, "temperature: floor scale")
+    layers = Field("all", checks.one_of(*LAYER_RULES), "all | positional | nope: the layers it applies to")
+    train_length = Field(0, checks.nonnegative_int, "logn: L_train (0: the task's training length)")
+    floor_scale = Field(8192.0, checks.positive, "temperature: floor scale")
     attn_scale = Field(0.1, lambda n, v: checks.number(n, v), "temperature: attention scale")
     ssmax_init = Field(0.43, lambda n, v: checks.number(n, v),
                        "ssmax: initial s (the value of the paper's Figure 1)")
-    ssmax_bias = Field(False, options.boolean, "ssmax: s log n + b, b learned per head (init 0)")
+    ssmax_bias = Field(False, checks.boolean, "ssmax: s log n + b, b learned per head (init 0)")
 
 
 class Model(Section):
     """model: the decoder (sizes, attention, spans, norms, positions)."""
 
-    vocab_size = Field(32, options.positive_int, "vocabulary size (set from the task by a training run)")
-    d_model = Field(64, options.positive_int, "model width")
-    num_layers = Field(2, options.positive_int, "decoder layers")
-    num_heads = Field(4, options.positive_int, "attention heads")
-    num_kv_heads = Field(0, options.nonnegative_int, "0: num_heads; fewer: grouped-query attention")
-    head_dim = Field(0, options.nonnegative_int, "0: d_model // num_heads")
-    mlp = Field("gelu", options.one_of(*MLPS), "gelu (tanh approximation) | gelu_erf (exact, GPT-NeoX) | "
+    vocab_size = Field(32, checks.positive_int, "vocabulary size (set from the task by a training run)")
+    d_model = Field(64, checks.positive_int, "model width")
+    num_layers = Field(2, checks.positive_int, "decoder layers")
+    num_heads = Field(4, checks.positive_int, "attention heads")
+    num_kv_heads = Field(0, checks.nonnegative_int, "0: num_heads; fewer: grouped-query attention")
+    head_dim = Field(0, checks.nonnegative_int, "0: d_model // num_heads")
+    mlp = Field("gelu", checks.one_of(*MLPS), "gelu (tanh approximation) | gelu_erf (exact, GPT-NeoX) | "
                                                "swiglu | geglu (tanh gate, Gemma)")
-    mlp_ratio = Field(4.0, options.positive, "MLP hidden width / d_model")
-    mlp_hidden = Field(0, options.nonnegative_int, "MLP width (0: int(mlp_ratio * d_model))")
-    bias = Field("none", options.one_of(*BIASES), "biases: none | qkv (Qwen2) | attention (q, k, v, out) | all "
+    mlp_ratio = Field(4.0, checks.positive, "MLP hidden width / d_model")
+    mlp_hidden = Field(0, checks.nonnegative_int, "MLP width (0: int(mlp_ratio * d_model))")
+    bias = Field("none", checks.one_of(*BIASES), "biases: none | qkv (Qwen2) | attention (q, k, v, out) | all "
                                                   "(+ MLP: GPT-NeoX)")
-    parallel_residual = Field(False, options.boolean, "x + attn(N1 x) + mlp(N2 x) (GPT-NeoX, GPT-J); placement pre")
-    attention_scale = Field(0.0, options.nonnegative, "multiplier of q . k (0: 1 / sqrt(head_dim); T5: 1; "
+    parallel_residual = Field(False, checks.boolean, "x + attn(N1 x) + mlp(N2 x) (GPT-NeoX, GPT-J); placement pre")
+    attention_scale = Field(0.0, checks.nonnegative, "multiplier of q . k (0: 1 / sqrt(head_dim); T5: 1; "
                                                       "Gemma: 1 / sqrt(query_pre_attn_scalar))")
     dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
-    tie_embeddings = Field(True, options.boolean, "the head is the transposed token embedding")
-    dtype = Field("float32", options.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "
+    tie_embeddings = Field(True, checks.boolean, "the head is the transposed token embedding")
+    dtype = Field("float32", checks.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "
                                                       "float32 | bfloat16 (params stay float32)")
-    attention_block = Field(512, options.positive_int, "query / key block of the memory-efficient attention")
-    attention_impl = Field("auto", options.one_of(*IMPLS), "auto | dense | blocked | pallas")
-    attention_causal_block = Field(64, options.nonnegative_int,
+    attention_block = Field(512, checks.positive_int, "query / key block of the memory-efficient attention")
+    attention_impl = Field("auto", checks.one_of(*IMPLS), "auto | dense | blocked | pallas")
+    attention_causal_block = Field(64, checks.nonnegative_int,
                                    "dense causal attention: query blocks skip keys past their diagonal "
                                    "(0 = off)")
-    attention_span = Field("full", options.one_of(*encoding.SPANS),
+    attention_span = Field("full", checks.one_of(*encoding.SPANS),
                            "full | window (keys j with i - W < j <= i) | chunk (the query's chunk of C)")
-    attention_window = Field(0, options.nonnegative_int, "W of the window layers")
-    attention_chunk = Field(0, options.nonnegative_int, "C of the chunk layers")
-    global_every = Field(0, options.nonnegative_int, "k: layers k-1, 2k-1, ... keep a full span")
+    attention_window = Field(0, checks.nonnegative_int, "W of the window layers")
+    attention_chunk = Field(0, checks.nonnegative_int, "C of the chunk layers")
+    global_every = Field(0, checks.nonnegative_int, "k: layers k-1, 2k-1, ... keep a full span")
     layer_spans = Field((), _spans, "explicit per-layer spans (instead of attention_span / global_every)",
                         type=tuple)
     logit_scale = Sub(LogitScale)

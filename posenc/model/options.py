@@ -13,62 +13,10 @@ take every RoPE option).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import ml_collections
 
-from posenc import checks
 from posenc.config import schema
 from posenc.config.schema import Field
-
-Check = Callable[[str, Any], Any]  # (full field name, value) -> clean value, or ValueError
-
-
-def positive_int(name, value) -> int:
-    return checks.integer(name, value, minimum=1)
-
-
-def nonnegative_int(name, value) -> int:
-    return checks.integer(name, value, minimum=0)
-
-
-def positive(name, value) -> float:
-    return checks.number(name, value, positive=True)
-
-
-def nonnegative(name, value) -> float:
-    return checks.number(name, value, minimum=0.0)
-
-
-def boolean(name, value) -> bool:
-    return checks.boolean(name, value)
-
-
-def one_of(*allowed: str) -> Check:
-    """A check accepting exactly the strings ``allowed``."""
-
-    def check(name, value):
-        return checks.choice(name, value, allowed)
-
-    return check
-
-
-def optional(check: Check) -> Check:
-    """``check``, but None is accepted (and kept)."""
-
-    def wrapped(name, value):
-        return None if value is None else check(name, value)
-
-    return wrapped
-
-
-def positive_floats(name, value) -> tuple[float, ...]:
-    """A tuple (or list) of positive finite numbers, e.g. LongRoPE's factors."""
-    if not isinstance(value, (tuple, list)):
-        raise ValueError(f"{name} must be a tuple of positive numbers; got {value!r}")
-    return tuple(checks.number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))
-
 
 # One declaration per field, for units and config sections alike (posenc.config.schema).
 Option = Field

@@ -86,7 +86,7 @@ def eval_batch(resolved, length: int, batch_size: int, seed: int):
 
     from posenc.training import eval_step
 
-    batch, positions = eval_step.eval_batch(resolved.task, resolved.config,
+    batch, positions = eval_step.eval_batch(resolved.task, resolved.train.positions,
                                             jax.random.fold_in(jax.random.key(seed), length), batch_size, length)
     return batch["inputs"], batch["targets"], batch["mask"], positions
 

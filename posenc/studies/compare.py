@@ -23,7 +23,6 @@ import os
 
 from posenc import checks
 from posenc.config.schema import Field, Free, Section, Sub
-from posenc.model import options as o
 from posenc.studies import compare_plots, compare_report, engine, findings, grid, tables
 from posenc.training import prepare
 from posenc.training.schema import Run
@@ -48,7 +47,7 @@ class Grid(Section):
     placements = Field(("pre",), _entries, "model.norm.placement values or variant names", type=tuple)
     norms = Field(("rms",), _entries, "model.norm.kind values or variant names", type=tuple)
     seeds = Field((0,), _entries, "train.seed values", type=tuple)
-    vmap_seeds = Field(False, o.boolean, "the seeds of a cell train together in one vmapped step (one device)")
+    vmap_seeds = Field(False, checks.boolean, "the seeds of a cell train together in one vmapped step (one device)")
 
 
 class CompareConfig(Section):
@@ -58,7 +57,7 @@ class CompareConfig(Section):
     base = Sub(Run, "the run every grid point starts from (the default config's fields)")
     variants = Free("name -> dotted fields set by a grid entry of that name", dotted=True)
     grid = Sub(Grid)
-    findings = Field("", o.one_of(*findings.KINDS), "findings.md written after the report: randomized | "
+    findings = Field("", checks.one_of(*findings.KINDS), "findings.md written after the report: randomized | "
                                                     "interaction | sizes ('' = none)")
     targets = Free("findings sizes: a target check, {'size': n, 'at_least': {label: v}, 'below': "
                    "{label: v}} ({} = none)", check=lambda n, v: findings.check_targets(n, v))

@@ -33,7 +33,6 @@ from absl import logging
 from posenc import checks
 from posenc.config import overrides
 from posenc.config.schema import ConfigError, Field, Section, Sub
-from posenc.model import options as o
 from posenc.studies import engine, extend_report, tables
 from posenc.training.schema import Run
 from posenc.workdir import records
@@ -123,26 +122,26 @@ def _budgets(name, value):
 class Finetune(Section):
     """finetune: train.* fields of the fine-tunes."""
 
-    learning_rate = Field(3e-4, o.positive, "fine-tuning learning rate")
-    warmup_steps = Field(10, o.nonnegative_int, "warmup steps")
+    learning_rate = Field(3e-4, checks.positive, "fine-tuning learning rate")
+    warmup_steps = Field(10, checks.nonnegative_int, "warmup steps")
     min_lr_ratio = Field(1.0, lambda n, v: checks.number(n, v, minimum=0.0, maximum=1.0),
                          "1: constant after warmup (a longer budget then continues a shorter one)")
-    weight_decay = Field(0.0, o.nonnegative, "weight decay")
-    batch_size = Field(0, o.nonnegative_int, "0: the base's tokens per step (base batch * L / (s L))")
-    log_every = Field(10, o.positive_int, "steps between log rows")
-    checkpoint_every = Field(1000, o.positive_int, "steps between checkpoints")
+    weight_decay = Field(0.0, checks.nonnegative, "weight decay")
+    batch_size = Field(0, checks.nonnegative_int, "0: the base's tokens per step (base batch * L / (s L))")
+    log_every = Field(10, checks.positive_int, "steps between log rows")
+    checkpoint_every = Field(1000, checks.positive_int, "steps between checkpoints")
 
 
 class Search(Section):
     """search: the LongRoPE search (posenc.rope_search.search options)."""
 
-    batch_size = Field(4, o.positive_int, "windows of training data at s L scoring each candidate")
-    short = Field(False, o.boolean, "also search short_factor at L")
-    population_size = Field(16, o.positive_int, "candidates per generation")
-    parents_size = Field(8, o.positive_int, "parents kept per generation")
-    mutation_numbers = Field(4, o.positive_int, "mutations per generation")
-    crossover_size = Field(4, o.positive_int, "crossovers per generation")
-    iterations = Field(10, o.positive_int, "generations")
+    batch_size = Field(4, checks.positive_int, "windows of training data at s L scoring each candidate")
+    short = Field(False, checks.boolean, "also search short_factor at L")
+    population_size = Field(16, checks.positive_int, "candidates per generation")
+    parents_size = Field(8, checks.positive_int, "parents kept per generation")
+    mutation_numbers = Field(4, checks.positive_int, "mutations per generation")
+    crossover_size = Field(4, checks.positive_int, "crossovers per generation")
+    iterations = Field(10, checks.positive_int, "generations")
 
 
 class ExtendConfig(Section):
@@ -162,7 +161,7 @@ class ExtendConfig(Section):
                     "s: each method extends L to s L", type=tuple)
     finetune_steps = Field((0,), _budgets, "fine-tuning budgets (0 = zero-shot only)", type=tuple)
     finetune = Sub(Finetune)
-    passkey_min_length = Field(0, o.nonnegative_int, "the retrieval tasks at target lengths >= this (0: never)")
+    passkey_min_length = Field(0, checks.nonnegative_int, "the retrieval tasks at target lengths >= this (0: never)")
     retrieval_tasks = Field(("passkey",), _nonempty(_task_name), "byte-level retrieval tasks scored beside the "
                             "text (passkey; RULER's niah_single, niah_multikey, ..., variable_tracking, "
                             "common_words, frequent_words)", type=tuple)

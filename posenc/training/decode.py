@@ -77,6 +77,7 @@ from flax import nnx
 
 from posenc.training import eval_step as eval_lib
 from posenc.training import progress as progress_lib
+from posenc.training import specs
 
 _JIT: dict = {}
 
@@ -544,10 +545,10 @@ def answer_correctness(model, batch, *, positions=None, stats=None):
 
 def _eval_set(task, config, length: int, root, min_size) -> _Set:
     """The evaluation set at ``length``: ``eval.num_batches`` batches of ``eval.batch_size``."""
-    batch_size = int(config.eval.batch_size)
+    batch_size, positions = int(config.eval.batch_size), specs.Positions.from_config(config)
     if root is None:
         root = jax.random.fold_in(jax.random.key(int(config.eval.seed)), int(length))
-    parts = [eval_lib.eval_batch(task, config, jax.random.fold_in(root, i), batch_size, int(length),
+    parts = [eval_lib.eval_batch(task, positions, jax.random.fold_in(root, i), batch_size, int(length),
                                  min_size=min_size) for i in range(int(config.eval.num_batches))]
     return _make_set(parts)
 

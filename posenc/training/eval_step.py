@@ -15,12 +15,16 @@ per length, with the batches those of a program compiled for each value.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from posenc.training import sharding as sharding_lib
-from posenc.training.step import _CACHE, _batch, _task_key, _token_terms, positions_for
+from posenc.training import specs
+from posenc.training import step as step_lib
+from posenc.training.step import _batch, _token_terms, positions_for
 
 
 def rows_per_step(batch_size: int, length: int, max_tokens: int, devices: int = 1) -> int:
@@ -35,44 +39,29 @@ def rows_per_step(batch_size: int, length: int, max_tokens: int, devices: int = 
     return max(fits) if fits else devices
 
 
-def eval_batch(task, config, key, batch_size: int, length: int, *, min_size=None, windows=None):
+def eval_batch(task, positions: specs.Positions, key, batch_size: int, length: int, *, min_size=None):
     """``(batch, positions)``: the evaluation batch of ``key`` (``split="eval"``), as evaluation draws it.
 
-    ``min_size``: the smallest problem size (an evaluation bin; default: exactly the largest);
-    ``windows``: ``(count, stride)`` of a sequential task's held-out windows (``key``'s batch
-    index is then the window batch: see :func:`eval_length_fn`).
+    ``min_size``: the smallest problem size (an evaluation bin; default: exactly the largest).
     """
-    return _batch(task, config, key, int(batch_size), int(length), split="eval", min_size=min_size)
+    return _batch(task, positions, key, int(batch_size), int(length), split="eval", min_size=min_size)
 
 
-def traced_values(task) -> dict:
-    """``{option: value}`` of ``task``'s ``traced_options`` that are set (not None)."""
-    return {o: getattr(task, o) for o in getattr(task, "traced_options", ()) if getattr(task, o) is not None}
-
-
-def _eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size=None, windows=None,
-              traced=()):
-    pos = config.model.position
-    return (_task_key(config, traced), int(length), int(batch_size), int(rows), bool(per_position),
-            bool(sequential), bool(pos.randomized), int(pos.randomized_max_position),
-            pos.get("randomized_per", "batch"), mesh, min_size, windows)
-
-
-def _eval_parts(task, config, length, batch_size, rows, per_position, sequential, mesh, min_size=None,
-                windows=None, errors=False):
+def _eval_parts(p: specs.LengthProgram, mesh):
     """``(batch_of(key, index), rows_of(batch, positions, chunk), sums(model, batch, positions))``.
 
-    ``errors``: ``sums`` also gives ``first_error`` [rows], each row's first wrong answer target
+    ``p.errors``: ``sums`` also gives ``first_error`` [rows], each row's first wrong answer target
     (``length`` where none): where greedy decoding of the row can first differ from its targets.
     """
-    count, stride = windows if windows is not None else (None, None)
+    task, length, batch_size, rows = p.task.make(), p.length, p.batch_size, p.rows
+    count, stride = p.windows if p.windows is not None else (None, None)
 
     def batch_of(key, index, values=None):
         task_ = task if not values else task.with_traced(values)
-        if sequential:
+        if p.sequential:
             batch = task_.sequential_batch(index, batch_size, length, split="eval", count=count, stride=stride)
-            return batch, positions_for(config, jax.random.split(key)[1], batch_size, length)
-        return _batch(task_, config, key, batch_size, length, split="eval", min_size=min_size)
+            return batch, positions_for(p.positions, jax.random.split(key)[1], batch_size, length)
+        return _batch(task_, p.positions, key, batch_size, length, split="eval", min_size=p.min_size)
 
     def rows_of(batch, positions, chunk):
         if rows < batch_size:
@@ -96,10 +85,10 @@ def _eval_parts(task, config, length, batch_size, rows, per_position, sequential
             "exact_sum": right.sum().astype(jnp.float32),
             "examples": has_answer.sum().astype(jnp.float32),
         }
-        if per_position:
+        if p.per_position:
             out["position_loss"] = (ce * mask).sum(0)
             out["position_mask"] = mask.sum(0)
-        if errors:
+        if p.errors:
             wrong = (correct == 0) & (mask > 0)
             out["first_error"] = jnp.where(wrong.any(-1), jnp.argmax(wrong, -1), length).astype(jnp.int32)
         return out
@@ -115,7 +104,20 @@ def _check_rows(batch_size, rows, mesh) -> int:
     return rows
 
 
-def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None = None,
+def _program(task, positions, length, batch_size, num_batches, rows, mesh, *, traced=True, **fields):
+    """The :class:`~posenc.training.specs.LengthProgram` of these arguments, and the traced values.
+
+    ``traced``: the task's traced option values are arguments (returned), not part of the program.
+    """
+    spec = specs.TaskSpec.of(task)
+    values = spec.traced if traced else {}
+    rows = _check_rows(int(batch_size), rows, mesh)
+    program = specs.LengthProgram(spec.untraced() if traced else spec, positions, int(length), int(batch_size),
+                                  int(num_batches), rows, traced=tuple(sorted(values)), **fields)
+    return program, values
+
+
+def eval_step_fn(task, positions: specs.Positions, length: int, batch_size: int, *, rows: int | None = None,
                  per_position: bool = False, sequential: bool = False, mesh=None, min_size=None,
                  windows=None):
     """``step(graphdef, state, key, chunk) -> sums`` for the model's ``(graphdef, state)``.
@@ -134,24 +136,23 @@ def eval_step_fn(task, config, length: int, batch_size: int, *, rows: int | None
     (consecutive windows) and ``key`` only draws randomized positions.
     :func:`eval_length_fn` runs every batch and chunk of a length in one call.
     """
-    rows = _check_rows(batch_size, rows, mesh)
-    cache_key = ("eval", *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh,
-                                    min_size, windows))
-    if cache_key in _CACHE:
-        return _CACHE[cache_key]
-    batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
-                                          per_position, sequential, mesh, min_size, windows)
+    program, _ = _program(task, positions, length, batch_size, 1, rows, mesh, traced=False,
+                          per_position=per_position, sequential=sequential, min_size=min_size, windows=windows)
+    return _eval_step_program(program, mesh)
+
+
+@functools.cache
+def _eval_step_program(p: specs.LengthProgram, mesh):
+    batch_of, rows_of, sums = _eval_parts(p, mesh)
 
     def step(graphdef, state, key, chunk, index=None):
         batch, positions = rows_of(*batch_of(key, index), chunk)
         return sums(nnx.merge(graphdef, state), batch, positions)
 
-    fn = jax.jit(step)
-    _CACHE[cache_key] = fn
-    return fn
+    return jax.jit(step)
 
 
-def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int, *,
+def eval_length_fn(task, positions: specs.Positions, length: int, batch_size: int, num_batches: int, *,
                    rows: int | None = None, per_position: bool = False, sequential: bool = False,
                    mesh=None, seeds: bool = False, min_size=None, windows=None, errors: bool = False):
     """``run(graphdef, state, root) -> sums``: every batch and row chunk of one length in one call.
@@ -168,30 +169,26 @@ def eval_length_fn(task, config, length: int, batch_size: int, num_batches: int,
     them (RNG streams, unused by the deterministic forward); every sum gains
     a leading [S] axis. The batches are drawn once for all S. One device.
 
-    The task's :func:`traced_values` are arguments of the compiled program
-    (bound in the returned function), so tasks that differ only in them share it.
+    The task's traced option values (:attr:`~posenc.training.specs.TaskSpec.traced`) are
+    arguments of the compiled program (bound in the returned function), so tasks that differ
+    only in them share it. The program is a ``functools.cache``-d function of its
+    :class:`~posenc.training.specs.LengthProgram`.
 
     ``errors``: the sums also hold ``first_error`` [num_batches * batch_size] ([S, ...] with
     ``seeds``): each row's first wrong answer target (``length``: none), which
     ``posenc.training.decode`` starts decoding from.
     """
-    rows = _check_rows(batch_size, rows, mesh)
-    num_batches = int(num_batches)
-    values = {o: jnp.float32(v) for o, v in traced_values(task).items()}  # float options
-    cache_key = ("eval_length", int(num_batches), bool(seeds), bool(errors),
-                 *_eval_key(config, length, batch_size, rows, per_position, sequential, mesh, min_size, windows,
-                            traced=tuple(sorted(values))))
-    if cache_key not in _CACHE:
-        _CACHE[cache_key] = _eval_length_program(task, config, int(length), int(batch_size), num_batches, rows,
-                                                 per_position, sequential, mesh, seeds, min_size, windows, errors)
-    return _Bound(_CACHE[cache_key], values)
+    program, values = _program(task, positions, length, batch_size, num_batches, rows, mesh,
+                               per_position=per_position, sequential=sequential, min_size=min_size,
+                               windows=windows, seeds=seeds, errors=errors)
+    return _Bound(_eval_length_program(program, mesh), values)
 
 
 class _Bound:
     """A compiled evaluation program with its last argument (the traced option values) bound."""
 
     def __init__(self, program, values: dict):
-        self.program, self.values = program, values
+        self.program, self.values = program, {o: jnp.float32(v) for o, v in values.items()}
 
     def __call__(self, *args):
         return self.program(*args, self.values)
@@ -200,12 +197,12 @@ class _Bound:
         return self.program._cache_size()
 
 
-def _eval_length_program(task, config, length, batch_size, num_batches, rows, per_position, sequential, mesh,
-                         seeds, min_size, windows, errors=False):
+@functools.cache
+def _eval_length_program(p: specs.LengthProgram, mesh):
     """The jitted program of :func:`eval_length_fn`, its last argument the traced option values."""
-    batch_of, rows_of, sums = _eval_parts(task, config, int(length), int(batch_size), rows,
-                                          per_position, sequential, mesh, min_size, windows, errors)
-    chunks = int(batch_size) // rows
+    batch_of, rows_of, sums = _eval_parts(p, mesh)
+    seeds, errors, num_batches, batch_size = p.seeds, p.errors, p.num_batches, p.batch_size
+    chunks = batch_size // p.rows
 
     def run(graphdef, state, rest, root, values):
         if seeds:
@@ -223,7 +220,7 @@ def _eval_length_program(task, config, length, batch_size, num_batches, rows, pe
                 out = forward(*rows_of(batch, positions, c))
                 if errors:  # rows i * batch_size + c * rows ... of the length's set
                     firsts = jax.lax.dynamic_update_slice_in_dim(firsts, out.pop("first_error"),
-                                                                 i * batch_size + c * rows, axis=firsts.ndim - 1)
+                                                                 i * batch_size + c * p.rows, axis=firsts.ndim - 1)
                 return jax.tree.map(jnp.add, total, out), firsts
 
             return jax.lax.fori_loop(0, chunks, one_chunk, carry)
@@ -236,3 +233,6 @@ def _eval_length_program(task, config, length, batch_size, num_batches, rows, pe
         return total if firsts is None else {**total, "first_error": firsts}
 
     return jax.jit(run if seeds else lambda graphdef, state, root, values: run(graphdef, state, None, root, values))
+
+
+step_lib.EVAL_PROGRAMS.extend((_eval_step_program, _eval_length_program))

@@ -66,9 +66,8 @@ from posenc.model import Decoder
 from posenc.model import encoding as encoding_lib
 from posenc.training import decode as decode_lib
 from posenc.training import eval_step as eval_lib
-from posenc.training import prepare
+from posenc.training import prepare, specs
 from posenc.training import sharding as sharding_lib
-from posenc.training.eval_step import rows_per_step  # noqa: F401  (re-exported)
 
 
 def not_applicable(config, spec, length: int) -> str | None:
@@ -194,6 +193,22 @@ def _root(config, length: int, stream: str = "eval"):
     return jax.random.fold_in(root, VALIDATION) if stream == "validation" else root
 
 
+def _length_fn(task, config, length: int, *, mesh=None, seeds: bool = False, decoded: bool = True):
+    """``(fn, plan, decodes)``: the compiled program of ``length``, its :class:`Plan`, and whether it decodes."""
+    plan = plan_length(task, config, length, 1 if mesh is None else mesh.size)
+    decodes = decoded and mesh is None and _decodes(config, plan)
+    fn = eval_lib.eval_length_fn(task, specs.Positions.from_config(config), int(length), plan.batch_size,
+                                 plan.num_batches, rows=plan.rows, per_position=plan.per_position,
+                                 sequential=plan.sequential, mesh=mesh, seeds=seeds, min_size=plan.min_size,
+                                 windows=plan.windows, errors=decodes)
+    return fn, plan, decodes
+
+
+def length_fn(task, config, length: int, **kw):
+    """The compiled evaluation program of ``length`` (``eval_step.eval_length_fn``'s, as evaluation runs it)."""
+    return _length_fn(task, config, length, **kw)[0]
+
+
 def evaluate_length(model, task, config, spec, length: int, *, mesh=None, stream: str = "eval",
                     decoded: bool = True) -> dict:
     """Metrics of ``model`` on ``task`` at ``length``: loss, accuracy, exact_match (teacher-forced),
@@ -205,12 +220,7 @@ def evaluate_length(model, task, config, spec, length: int, *, mesh=None, stream
     reason = not_applicable(config, spec, length)
     if reason is not None:
         return _not_applicable_row(length, reason)
-    devices = 1 if mesh is None else mesh.size
-    plan = plan_length(task, config, length, devices)
-    decodes = decoded and mesh is None and _decodes(config, plan)
-    fn = eval_lib.eval_length_fn(task, config, int(length), plan.batch_size, plan.num_batches, rows=plan.rows,
-                                 per_position=plan.per_position, sequential=plan.sequential, mesh=mesh,
-                                 min_size=plan.min_size, windows=plan.windows, errors=decodes)
+    fn, plan, decodes = _length_fn(task, config, length, mesh=mesh, decoded=decoded)
     graphdef, state = nnx.split(model)
     root = placed = _root(config, length, stream)
     if mesh is not None:  # a no-op for arrays already placed; places fresh ones (variant models)
@@ -247,11 +257,7 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
     reason = not_applicable(config, spec, length)
     if reason is not None:
         return [_not_applicable_row(length, reason) for _ in range(size)]
-    plan = plan_length(task, config, length, 1)
-    decodes = decoded and _decodes(config, plan)
-    fn = eval_lib.eval_length_fn(task, config, int(length), plan.batch_size, plan.num_batches, rows=plan.rows,
-                                 per_position=plan.per_position, sequential=plan.sequential, seeds=True,
-                                 min_size=plan.min_size, windows=plan.windows, errors=decodes)
+    fn, plan, decodes = _length_fn(task, config, length, seeds=True, decoded=decoded)
     root = _root(config, length, stream)
     totals = jax.device_get(fn(graphdef, params, rest, root))
     first = totals.pop("first_error", None)

@@ -45,7 +45,7 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, prepare
+from posenc.training import loop, prepare, specs
 from posenc.workdir import records, results
 from posenc.workdir.checkpoint import Checkpointer
 
@@ -235,7 +235,7 @@ def evaluate_on(params, resolved, task_name: str, lengths, *, options=None, spec
     config.eval.lengths = tuple(int(n) for n in lengths)  # the size bins follow these lengths
     config.task.name = task_name
     config.task.options = ml_collections.ConfigDict(dict(options or {}))
-    task = prepare.make_task(config)
+    task = specs.TaskSpec.from_config(config).make()
     spec = resolved.spec if spec is None else spec
     if int(task.vocab_size) != int(spec.vocab_size):
         raise ValueError(f"task {task_name!r} has {task.vocab_size} tokens, the model "

@@ -73,7 +73,7 @@ def init_state(resolved):
     """``(model, optimizer, graphdef, state)`` of a fresh run of ``resolved`` (seed ``train.seed``)."""
     config = resolved.config
     model = Decoder(resolved.spec, rngs=nnx.Rngs(int(config.train.seed)))
-    optimizer = nnx.Optimizer(model, optim.make_optimizer(config.train), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, optim.make_optimizer(resolved.train.optimizer), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
     return model, optimizer, graphdef, state
 
@@ -113,9 +113,8 @@ class _Trainer:
         self.resolved, self.graphdef, self.state, self.book = resolved, graphdef, state, book
         self.mesh, self.bar = mesh, bar
         self.root = self._placed(data_root(resolved.config))
-        self.chunk = step_lib.train_chunk_fn(resolved.task, resolved.config,
-                                             steploop.buffer_size(resolved.config), mesh=mesh)
-        self.stats_fn = step_lib.stats_fn(resolved.task, resolved.config, mesh=mesh)
+        self.chunk = step_lib.train_chunk_fn(resolved.train, steploop.buffer_size(resolved.config), mesh=mesh)
+        self.stats_fn = step_lib.stats_fn(resolved.train, mesh=mesh)
         self.t0, self.seconds0 = time.time(), book.record.train_seconds
 
     def _placed(self, x):

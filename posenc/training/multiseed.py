@@ -266,9 +266,8 @@ class _GroupTrainer:
         self.left = dict(left)  # index -> the step after whose boundary it left the stack
         first = next(r for r in runs.values() if r.index in cell).resolved
         self.size = len(cell)
-        self.chunk = step_lib.seeds_train_chunk_fn(first.task, first.config,
-                                                   steploop.buffer_size(first.config))
-        self.stats_fn = step_lib.seeds_stats_fn(first.task, first.config)
+        self.chunk = step_lib.seeds_train_chunk_fn(first.train, steploop.buffer_size(first.config))
+        self.stats_fn = step_lib.seeds_stats_fn(first.train)
         self.t0 = {}  # index -> when it joined the stack in this process
         self.slots, self.state, self.roots = [], None, None
 

@@ -21,24 +21,28 @@ import os
 import ml_collections
 from absl import logging
 
-from posenc import tasks as tasks_lib
 from posenc.config import overrides
 from posenc.config.schema import ConfigError  # noqa: F401  (re-exported)
 from posenc.model import ModelSpec
 from posenc.model import encoding as encoding_lib
-from posenc.training import schema
+from posenc.training import schema, specs
 from posenc.workdir import files, lock, results
 
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-    """A validated run: its canonical config, the model spec, the task and the config hash."""
+    """A validated run: its canonical config, the model and train specs, the task and the config hash."""
 
     config: ml_collections.ConfigDict
     spec: ModelSpec
-    task: object
+    train: specs.TrainSpec  # what the train step compiles from (its task spec: train.task)
     hash: str
     eval_variants: dict  # name -> (config, ModelSpec) of each evaluation variant
+
+    @property
+    def task(self):
+        """The task object of ``train.task`` (one object per task spec)."""
+        return self.train.task.make()
 
     @property
     def name(self) -> str:
@@ -57,11 +61,6 @@ def plain_copy(config) -> ml_collections.ConfigDict:
     """An unlocked deep copy of ``config`` with JSON-plain values (lists become tuples)."""
     d = json.loads(results.canonical_json(config.to_dict() if hasattr(config, "to_dict") else config))
     return ml_collections.ConfigDict(_tuples(d), allow_dotted_keys=True)
-
-
-def make_task(config):
-    """The task of ``config.task`` (name, seed, options)."""
-    return tasks_lib.make(config.task.name, seed=int(config.task.seed), **config.task.options.to_dict())
 
 
 def _check_scored_text(task, config) -> None:
@@ -102,7 +101,8 @@ def _resolve(config) -> Resolved:
     # Every field of every section, from its declaration (posenc.training.schema): an unknown
     # field fails here however the config was built; missing fields take their defaults.
     config = plain_copy(schema.validate(plain_copy(config)))
-    task = make_task(config)
+    task_spec = specs.TaskSpec.from_config(config)
+    task = task_spec.make()
     largest = task.max_size(int(config.task.train_length))
     if config.task.min_size > largest:
         raise ValueError(f"task.min_size={config.task.min_size} exceeds the largest problem size "
@@ -126,8 +126,8 @@ def _resolve(config) -> Resolved:
         _prune_sections(vc, vspec)
         variants[name] = (vc, vspec)
     _prune_sections(config, spec)
-    return Resolved(config=config, spec=spec, task=task, hash=results.config_hash(config),
-                    eval_variants=variants)
+    return Resolved(config=config, spec=spec, train=specs.TrainSpec.from_config(config, task_spec),
+                    hash=results.config_hash(config), eval_variants=variants)
 
 
 def resolve(config) -> Resolved:

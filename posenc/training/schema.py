@@ -16,7 +16,6 @@ import math
 
 from posenc import checks
 from posenc.config.schema import Field, Free, Section, Sub
-from posenc.model import options as o
 from posenc.model.config import Model
 
 
@@ -71,9 +70,9 @@ class Task(Section):
     """task: what the model learns and at which length."""
 
     name = Field("copy", _task_name, "any task of posenc.tasks.TASKS")
-    train_length = Field(32, o.positive_int, "training sequence length (tokens)")
-    min_size = Field(0, o.nonnegative_int, "smallest training problem size (0: the task's smallest)")
-    seed = Field(0, o.nonnegative_int, "folded into the data keys (another data stream, same init)")
+    train_length = Field(32, checks.positive_int, "training sequence length (tokens)")
+    min_size = Field(0, checks.nonnegative_int, "smallest training problem size (0: the task's smallest)")
+    seed = Field(0, checks.nonnegative_int, "folded into the data keys (another data stream, same init)")
     options = Free("the task's own options (keyword options of posenc.tasks.make, e.g. text: path, "
                    "tokens, max_bytes)")
 
@@ -81,37 +80,37 @@ class Task(Section):
 class Train(Section):
     """train: AdamW with warmup + cosine, clipping, fit-then-extrapolate, bookkeeping."""
 
-    steps = Field(5000, o.positive_int, "training steps (the most, with fit_accuracy)")
-    batch_size = Field(32, o.positive_int, "examples per step")
+    steps = Field(5000, checks.positive_int, "training steps (the most, with fit_accuracy)")
+    batch_size = Field(32, checks.positive_int, "examples per step")
     learning_rate = Field(1e-3, _rate, "peak learning rate")
-    warmup_steps = Field(200, o.nonnegative_int, "linear warmup steps, then cosine decay")
+    warmup_steps = Field(200, checks.nonnegative_int, "linear warmup steps, then cosine decay")
     min_lr_ratio = Field(0.1, _unit, "cosine decays to learning_rate * min_lr_ratio")
-    weight_decay = Field(0.1, o.nonnegative, "AdamW weight decay, on matrices only")
-    weight_decay_mode = Field("coupled", o.one_of("coupled", "independent"),
+    weight_decay = Field(0.1, checks.nonnegative, "AdamW weight decay, on matrices only")
+    weight_decay_mode = Field("coupled", checks.one_of("coupled", "independent"),
                               "coupled: decay lr_t * weight_decay per step (AdamW); independent: "
                               "weight_decay * lr_t / learning_rate (Wortsman et al. 2023)")
-    clip_norm = Field(1.0, o.nonnegative, "global-norm clipping (0 = off)")
+    clip_norm = Field(1.0, checks.nonnegative, "global-norm clipping (0 = off)")
     b1 = Field(0.9, _beta, "Adam beta1")
     b2 = Field(0.98, _beta, "Adam beta2")
-    eps = Field(1e-9, o.positive, "Adam epsilon")
-    z_loss = Field(0.0, o.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
-    seed = Field(0, o.nonnegative_int, "model init and data keys")
+    eps = Field(1e-9, checks.positive, "Adam epsilon")
+    z_loss = Field(0.0, checks.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
+    seed = Field(0, checks.nonnegative_int, "model init and data keys")
     steps_per_call = Field("auto", lambda n, v: _steps_per_call(n, v), "training steps per compiled call "
                            "(an integer >= 1, or auto: from a measured step time; the same results)",
                            type=object)
     fit_accuracy = Field(0.0, _unit, "> 0: stop once validation accuracy at the training length reaches it")
-    fit_check_every = Field(250, o.positive_int, "steps between fit checks (with fit_accuracy > 0)")
-    log_every = Field(250, o.positive_int, "steps between train_log.jsonl rows")
-    checkpoint_every = Field(1000, o.positive_int, "steps between checkpoints")
-    keep_checkpoints = Field(2, o.positive_int, "checkpoints kept")
-    tensorboard = Field(False, o.boolean, "event files in WORKDIR/tensorboard (needs tensorboardX)")
-    progress = Field(True, o.boolean, "progress bar on stderr")
+    fit_check_every = Field(250, checks.positive_int, "steps between fit checks (with fit_accuracy > 0)")
+    log_every = Field(250, checks.positive_int, "steps between train_log.jsonl rows")
+    checkpoint_every = Field(1000, checks.positive_int, "steps between checkpoints")
+    keep_checkpoints = Field(2, checks.positive_int, "checkpoints kept")
+    tensorboard = Field(False, checks.boolean, "event files in WORKDIR/tensorboard (needs tensorboardX)")
+    progress = Field(True, checks.boolean, "progress bar on stderr")
 
     @classmethod
     def check(cls, values, prefix):
-        from posenc.training import optim
+        from posenc.training import optim, specs
 
-        optim.learning_rate_schedule(values)  # warmup_steps within steps
+        optim.learning_rate_schedule(specs.OptimizerSpec.from_train(values))  # warmup_steps within steps
 
 
 class Eval(Section):
@@ -127,24 +126,24 @@ class Eval(Section):
                              "uses it")
 
     lengths = Field((32, 64, 128, 256), _lengths, "evaluation lengths (a tuple)", type=tuple)
-    batch_size = Field(32, o.positive_int, "examples (text: windows) per evaluation batch")
-    num_batches = Field(4, o.positive_int, "synthetic tasks: batches per length (text: from eval.tokens)")
-    seed = Field(1234, o.nonnegative_int, "evaluation data keys")
-    position_buckets = Field(8, o.positive_int, "text: loss over this many position ranges per length")
-    max_tokens_per_step = Field(16384, o.nonnegative_int,
+    batch_size = Field(32, checks.positive_int, "examples (text: windows) per evaluation batch")
+    num_batches = Field(4, checks.positive_int, "synthetic tasks: batches per length (text: from eval.tokens)")
+    seed = Field(1234, checks.nonnegative_int, "evaluation data keys")
+    position_buckets = Field(8, checks.positive_int, "text: loss over this many position ranges per length")
+    max_tokens_per_step = Field(16384, checks.nonnegative_int,
                                 "evaluation memory bound: rows per forward * length (0 = off)")
-    sizes = Field("default", o.one_of("default", "exact", "bin"),
+    sizes = Field("default", checks.one_of("default", "exact", "bin"),
                   "synthetic tasks: exact (every example at the largest size a length fits, Deletang et "
                   "al.) | bin (the sizes above the previous length's, Kazemnejad et al.) | default: the task's")
-    decode = Field(True, o.boolean, "also score the answers generated greedily through the KV cache "
+    decode = Field(True, checks.boolean, "also score the answers generated greedily through the KV cache "
                                    "(decoded_accuracy, decoded_exact_match)")
     tokens = Field("auto", lambda n, v: _eval_tokens(n, v), "text: every length scores the first eval.tokens "
                    "targets of the held-out split, a whole number of windows at every length (auto: the most "
                    "the split holds, up to 131072)", type=object)
-    text_protocol = Field("nonoverlapping", o.one_of("nonoverlapping", "sliding"),
+    text_protocol = Field("nonoverlapping", checks.one_of("nonoverlapping", "sliding"),
                           "text: non-overlapping windows (Press et al. 2022's main tables) | sliding windows "
                           "every eval.stride tokens, each token scored once (their appendix)")
-    stride = Field(0, o.nonnegative_int, "text, sliding: the step between windows (each scores its last "
+    stride = Field(0, checks.nonnegative_int, "text, sliding: the step between windows (each scores its last "
                                          "stride tokens, with up to L - stride of context)")
     variants = Free("name -> dotted model.* fields: the trained parameters also evaluated with those "
                     "fields changed (zero-shot context extension); JSON on the command line",
@@ -155,7 +154,7 @@ class Mesh(Section):
     """mesh: the devices a run uses (not part of the config hash)."""
 
     data = Field(-1, _mesh_data, "data-parallel devices; -1: all; batch sizes must divide by it")
-    fsdp = Field(False, o.boolean, "shard each parameter and its Adam moments over the devices")
+    fsdp = Field(False, checks.boolean, "shard each parameter and its Adam moments over the devices")
 
 
 class Run(Section):

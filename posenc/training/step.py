@@ -5,8 +5,9 @@ nnx.split((model, optimizer))``; each step is a ``jax.jit`` function of
 ``(graphdef, state, key)`` that merges inside, generates its batch from
 ``key`` (so data needs no host round trip), and returns the new state: no
 Python graph traversal per step. ``graphdef`` has no array leaves, so jit
-treats it as static. Jitted functions are cached per (task, shapes, train
-settings, mesh): runs in one process with equal shapes reuse the compiled step.
+treats it as static. The programs are ``functools.cache``-d functions of a
+:class:`~posenc.training.specs.TrainSpec` (and the mesh): runs in one process
+whose specs are equal reuse the compiled step.
 
 The train step collects no diagnostics, so attention takes its fused path
 (``jax.nn.dot_product_attention``) wherever the encoding allows;
@@ -36,7 +37,7 @@ Losses (masked to answer tokens, ``m``):
 
 from __future__ import annotations
 
-import json
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,10 +46,8 @@ from flax import nnx
 
 from posenc.encodings import absolute
 from posenc.norms import z_loss
-from posenc.training import optim
+from posenc.training import optim, specs
 from posenc.training import sharding as sharding_lib
-
-_CACHE: dict[tuple, object] = {}
 
 
 def _token_terms(logits, targets, mask):
@@ -73,26 +72,23 @@ def masked_metrics(logits, targets, mask) -> dict:
     }
 
 
-def positions_for(config, key, batch_size: int, length: int):
+def positions_for(positions: specs.Positions, key, batch_size: int, length: int):
     """Positions fed to the model: None (0..L-1), or randomized (Ruoss et al. 2023).
 
-    Randomized: ``length`` sorted distinct draws from
-    ``[0, randomized_max_position)``, one draw for the whole batch
-    (``randomized_per="batch"``, as the reference code) or one per example
-    (``"example"``), at training and at evaluation alike (the model never
-    sees the plain 0..L-1 layout).
+    Randomized: ``length`` sorted distinct draws from ``[0, positions.max_position)``, one
+    draw for the whole batch (``per="batch"``, as the reference code) or one per example
+    (``"example"``), at training and at evaluation alike (the model never sees the plain
+    0..L-1 layout).
     """
-    pos = config.model.position
-    if not pos.randomized:
+    if not positions.randomized:
         return None
-    per_example = pos.get("randomized_per", "batch") == "example"
     return absolute.randomized_positions(
-        key, length, max_position=int(pos.randomized_max_position),
-        batch_shape=(batch_size,) if per_example else (),
+        key, length, max_position=positions.max_position,
+        batch_shape=(batch_size,) if positions.per == "example" else (),
     )
 
 
-def _batch(task, config, key, batch_size, length, *, split, min_size=None):
+def _batch(task, positions: specs.Positions, key, batch_size, length, *, split, min_size=None):
     """The batch and positions of ``key`` (one split of the key: data, then positions).
 
     A task that emits ``position_ids`` (position coupling) gives the positions itself.
@@ -100,51 +96,30 @@ def _batch(task, config, key, batch_size, length, *, split, min_size=None):
     data_key, pos_key = jax.random.split(key)
     batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
     if "position_ids" in batch:
-        if config.model.position.randomized:
+        if positions.randomized:
             raise ValueError("model.position.randomized=True, but the task gives its own positions "
                              "(position_ids: position coupling); use one or the other")
         return batch, batch["position_ids"]
-    return batch, positions_for(config, pos_key, batch_size, length)
+    return batch, positions_for(positions, pos_key, batch_size, length)
 
 
-def _task_key(config, traced=()) -> str:
-    """The task's config as a key; the options in ``traced`` (program arguments) left out."""
-    task = config.task.to_dict()
-    if traced:
-        task["options"] = {k: v for k, v in task.get("options", {}).items() if k not in traced}
-        task["traced"] = sorted(traced)
-    return json.dumps(task, sort_keys=True, default=str)
-
-
-def _min_size(config):
-    return int(config.task.min_size) or None
-
-
-def _train_key(config, mesh, fsdp):
-    train, pos = config.train, config.model.position
-    return (_task_key(config), int(train.batch_size), int(config.task.train_length),
-            optim.settings_key(train), float(train.z_loss), bool(pos.randomized),
-            int(pos.randomized_max_position), pos.get("randomized_per", "batch"), mesh,
-            fsdp and mesh is not None)
-
-
-def _train_batch(task, config, key, mesh):
-    batch, positions = _batch(task, config, key, int(config.train.batch_size),
-                              int(config.task.train_length), split="train", min_size=_min_size(config))
+def _train_batch(spec: specs.TrainSpec, key, mesh):
+    batch, positions = _batch(spec.task.make(), spec.positions, key, spec.batch_size, spec.train_length,
+                              split="train", min_size=spec.min_size)
     if mesh is not None:
         batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
     return batch, positions
 
 
-def _train_step(task, config, *, mesh=None, fsdp=False):
+def _train_step(spec: specs.TrainSpec, mesh=None):
     """The un-jitted ``step(graphdef, state, key) -> (state, metrics)``."""
-    train = config.train
-    z_weight = float(train.z_loss)
-    schedule = optim.learning_rate_schedule(train)
+    z_weight = spec.z_loss
+    fsdp = spec.fsdp and mesh is not None
+    schedule = optim.learning_rate_schedule(spec.optimizer)
 
     def step(graphdef, state, key):
         model, optimizer = nnx.merge(graphdef, state)
-        batch, positions = _train_batch(task, config, key, mesh)
+        batch, positions = _train_batch(spec, key, mesh)
         mgraph, params, rest = nnx.split(model, nnx.Param, ...)
 
         def loss_fn(params):
@@ -171,12 +146,12 @@ def _train_step(task, config, *, mesh=None, fsdp=False):
     return step
 
 
-def _stats_step(task, config, *, mesh=None):
+def _stats_step(spec: specs.TrainSpec, mesh=None):
     """The un-jitted ``stats(graphdef, state, key) -> model stats`` on the train batch of ``key``."""
 
     def stats(graphdef, state, key):
         model, _ = nnx.merge(graphdef, state)
-        batch, positions = _train_batch(task, config, key, mesh)
+        batch, positions = _train_batch(spec, key, mesh)
         # deterministic=False: the same dropout masks would need the step's RNG state;
         # statistics of the deterministic forward are what the diagnostics mean.
         _, model_stats = model(batch["inputs"], positions, deterministic=True, return_stats=True)
@@ -185,43 +160,46 @@ def _stats_step(task, config, *, mesh=None):
     return stats
 
 
-def train_step_fn(task, config, *, mesh=None):
+def train_step_fn(spec: specs.TrainSpec, *, mesh=None):
     """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
 
     ``state`` is the state of ``(model, optimizer)``; metrics (float32
     scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
     lr. With ``mesh``, ``state`` and ``key`` must already be placed on it
     (``sharding.shard_state``, ``sharding.replicate``); ValueError if
-    ``train.batch_size`` does not divide over its devices.
+    ``spec.batch_size`` does not divide over its devices. Equal specs share
+    one program.
     """
-    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
-    fsdp = sharding_lib.fsdp_enabled(config)
-    cache_key = ("train", *_train_key(config, mesh, fsdp))
-    if cache_key not in _CACHE:
-        step = _train_step(task, config, mesh=mesh, fsdp=fsdp)
-        _CACHE[cache_key] = jax.jit(step, donate_argnums=(1,))
-    return _CACHE[cache_key]
+    sharding_lib.check_batch_size(spec.batch_size, mesh, name="train.batch_size")
+    return _train_step_program(spec, mesh)
 
 
-def stats_fn(task, config, *, mesh=None):
+@functools.cache
+def _train_step_program(spec, mesh):
+    return jax.jit(_train_step(spec, mesh), donate_argnums=(1,))
+
+
+def stats_fn(spec: specs.TrainSpec, *, mesh=None):
     """``stats(graphdef, state, key) -> dict`` of the model's diagnostics on step ``key``'s batch.
 
-    Same batch and parameters as ``train_step_fn(...)(graphdef, state, key)``
+    Same batch and parameters as ``train_step_fn(spec)(graphdef, state, key)``
     sees (call it first: the step donates ``state``): max_attention_logit,
     attention_entropy, logit_mean, log_z (float32 scalars).
     """
-    fsdp = sharding_lib.fsdp_enabled(config)
-    cache_key = ("stats", *_train_key(config, mesh, fsdp))
-    if cache_key not in _CACHE:
-        _CACHE[cache_key] = jax.jit(_stats_step(task, config, mesh=mesh))
-    return _CACHE[cache_key]
+    return _stats_program(spec, mesh)
+
+
+@functools.cache
+def _stats_program(spec, mesh):
+    return jax.jit(_stats_step(spec, mesh))
 
 
 def _seed_keys(roots, t):
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(roots, t)
 
 
-def seeds_train_step_fn(task, config):
+@functools.cache
+def seeds_train_step_fn(spec: specs.TrainSpec):
     """``step(graphdef, states, roots, t) -> (states, metrics)``: the train step of S seeds at once.
 
     One device. ``states`` is S ``(model, optimizer)`` states of one graph
@@ -231,21 +209,15 @@ def seeds_train_step_fn(task, config):
     of its own run; the step is :func:`train_step_fn`'s under ``jax.vmap``,
     so every metric gains a leading [S] axis.
     """
-    cache_key = ("seeds", *_train_key(config, None, False))
-    if cache_key not in _CACHE:
-        step = jax.vmap(_train_step(task, config), in_axes=(None, 0, 0))
-        _CACHE[cache_key] = jax.jit(lambda g, states, roots, t: step(g, states, _seed_keys(roots, t)),
-                                    donate_argnums=(1,))
-    return _CACHE[cache_key]
+    step = jax.vmap(_train_step(spec), in_axes=(None, 0, 0))
+    return jax.jit(lambda g, states, roots, t: step(g, states, _seed_keys(roots, t)), donate_argnums=(1,))
 
 
-def seeds_stats_fn(task, config):
+@functools.cache
+def seeds_stats_fn(spec: specs.TrainSpec):
     """``stats(graphdef, states, roots, t) -> dict`` of [S] diagnostics: :func:`stats_fn` vmapped."""
-    cache_key = ("seeds_stats", *_train_key(config, None, False))
-    if cache_key not in _CACHE:
-        stats = jax.vmap(_stats_step(task, config), in_axes=(None, 0, 0))
-        _CACHE[cache_key] = jax.jit(lambda g, states, roots, t: stats(g, states, _seed_keys(roots, t)))
-    return _CACHE[cache_key]
+    stats = jax.vmap(_stats_step(spec), in_axes=(None, 0, 0))
+    return jax.jit(lambda g, states, roots, t: stats(g, states, _seed_keys(roots, t)))
 
 
 def _chunked(step_t, buffer: int):
@@ -277,7 +249,7 @@ def _chunked(step_t, buffer: int):
     return chunk
 
 
-def train_chunk_fn(task, config, buffer: int, *, mesh=None):
+def train_chunk_fn(spec: specs.TrainSpec, buffer: int, *, mesh=None):
     """``chunk(graphdef, state, root, t0, n) -> (state, metrics)``: train steps ``t0 .. t0 + n - 1``.
 
     Step ``t`` is :func:`train_step_fn`'s step on key ``fold_in(root, t)``,
@@ -287,40 +259,43 @@ def train_chunk_fn(task, config, buffer: int, *, mesh=None):
     :func:`train_step_fn`. With ``mesh``, ``state``, ``root``, ``t0`` and
     ``n`` must already be placed on it (``sharding.replicate``).
     """
-    buffer = int(buffer)
-    sharding_lib.check_batch_size(int(config.train.batch_size), mesh, name="train.batch_size")
-    fsdp = sharding_lib.fsdp_enabled(config)
-    cache_key = ("chunk", buffer, *_train_key(config, mesh, fsdp))
-    if cache_key not in _CACHE:
-        step = _train_step(task, config, mesh=mesh, fsdp=fsdp)
-        chunk = _chunked(lambda g, s, root, t: step(g, s, jax.random.fold_in(root, t)), buffer)
-        _CACHE[cache_key] = jax.jit(chunk, donate_argnums=(1,))
-    return _CACHE[cache_key]
+    sharding_lib.check_batch_size(spec.batch_size, mesh, name="train.batch_size")
+    return _train_chunk_program(spec, int(buffer), mesh)
 
 
-def seeds_train_chunk_fn(task, config, buffer: int):
+@functools.cache
+def _train_chunk_program(spec, buffer, mesh):
+    step = _train_step(spec, mesh)
+    chunk = _chunked(lambda g, s, root, t: step(g, s, jax.random.fold_in(root, t)), buffer)
+    return jax.jit(chunk, donate_argnums=(1,))
+
+
+def seeds_train_chunk_fn(spec: specs.TrainSpec, buffer: int):
     """``chunk(graphdef, states, roots, t0, n) -> (states, metrics)``: :func:`train_chunk_fn` of S seeds.
 
     The step is :func:`seeds_train_step_fn`'s (vmapped over the stacked
     ``states`` and the data keys ``roots`` [S]); metrics are [buffer, S].
     """
-    buffer = int(buffer)
-    cache_key = ("seeds_chunk", buffer, *_train_key(config, None, False))
-    if cache_key not in _CACHE:
-        step = jax.vmap(_train_step(task, config), in_axes=(None, 0, 0))
-        chunk = _chunked(lambda g, s, roots, t: step(g, s, _seed_keys(roots, t)), buffer)
-        _CACHE[cache_key] = jax.jit(chunk, donate_argnums=(1,))
-    return _CACHE[cache_key]
+    return _seeds_chunk_program(spec, int(buffer))
 
 
-_TRAINING_KINDS = ("train", "stats", "seeds", "seeds_stats", "chunk", "seeds_chunk")
+@functools.cache
+def _seeds_chunk_program(spec, buffer):
+    step = jax.vmap(_train_step(spec), in_axes=(None, 0, 0))
+    chunk = _chunked(lambda g, s, roots, t: step(g, s, _seed_keys(roots, t)), buffer)
+    return jax.jit(chunk, donate_argnums=(1,))
+
+
+TRAINING_PROGRAMS = (_train_step_program, _stats_program, seeds_train_step_fn, seeds_stats_fn, _train_chunk_program,
+                     _seeds_chunk_program)
+EVAL_PROGRAMS: list = []  # posenc.training.eval_step adds its own
 
 
 def clear_cache(*, training_only: bool = False) -> None:
-    """Forget cached jitted steps, train and eval (e.g. between unrelated experiments).
+    """Forget the compiled train and evaluation programs (e.g. between unrelated experiments).
 
     ``training_only``: forget the training programs only (each learning-rate schedule
     compiles its own) and keep the evaluation programs, which models of one graph share.
     """
-    for key in [k for k in _CACHE if not training_only or k[0] in _TRAINING_KINDS]:
-        del _CACHE[key]
+    for program in (*TRAINING_PROGRAMS, *(() if training_only else EVAL_PROGRAMS)):
+        program.cache_clear()

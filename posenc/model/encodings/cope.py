@@ -3,9 +3,10 @@
 import jax.numpy as jnp
 from flax import nnx
 
+from posenc.checks import nonnegative_int
 from posenc.encodings import cope
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, nonnegative_int
+from posenc.model.options import Option
 
 
 @register_encoding("cope")

@@ -2,10 +2,11 @@
 
 from flax import nnx
 
+from posenc.checks import positive, positive_int
 from posenc.encodings import fire
 from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, positive, positive_int
+from posenc.model.options import Option
 
 
 @register_encoding("fire")

@@ -6,10 +6,11 @@ Llama 4's NoPE layers also multiply their queries by a temperature: that is
 posenc/configs/default.py sets it, with chunked RoPE layers and QK-norm on them).
 """
 
+from posenc.checks import positive_int
 from posenc.encodings import irope
 from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
-from posenc.model.options import Option, positive_int
+from posenc.model.options import Option
 
 
 @register_encoding("irope")

@@ -3,9 +3,10 @@
 import jax
 from flax import nnx
 
+from posenc.checks import nonnegative_int
 from posenc.encodings import absolute
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, nonnegative_int
+from posenc.model.options import Option
 
 
 @register_encoding("learned")

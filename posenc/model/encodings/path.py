@@ -9,11 +9,12 @@ from flax import nnx
 
 from posenc.attention import fox
 from posenc.attention import path as pa
+from posenc.checks import nonnegative_int, optional, positive_int
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model.encoding import Encoding, register_encoding
 from posenc.model.layers import lecun_normal, linear
-from posenc.model.options import Option, nonnegative_int, optional, positive_int
+from posenc.model.options import Option
 from posenc.norms import norms
 
 

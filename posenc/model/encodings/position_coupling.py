@@ -4,9 +4,10 @@ import jax
 from flax import nnx
 
 from posenc import checks
+from posenc.checks import nonnegative_int, positive
 from posenc.encodings import position_coupling as coupling
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, nonnegative_int, positive
+from posenc.model.options import Option
 
 
 def _levels(name, value):

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from posenc import checks
+from posenc.checks import boolean, nonnegative_int, one_of, optional, positive, positive_floats
 from posenc.encodings.rope import dual_chunk, rerope, rope, rope_scaling, self_extend, string_shift
 from posenc.encodings.rope import sinks as sinks_lib
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, boolean, nonnegative_int, one_of, optional, positive, positive_floats
+from posenc.model.options import Option
 
 
 class Remap(typing.NamedTuple):

@@ -4,9 +4,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from posenc.checks import positive_int
 from posenc.encodings import shaw
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, positive_int
+from posenc.model.options import Option
 
 
 @register_encoding("shaw")

@@ -1,8 +1,9 @@
 """Fixed sinusoidal absolute embedding added to the token embeddings."""
 
+from posenc.checks import one_of, positive
 from posenc.encodings import absolute
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, one_of, positive
+from posenc.model.options import Option
 
 
 @register_encoding("sinusoidal")

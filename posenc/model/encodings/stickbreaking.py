@@ -4,9 +4,10 @@ import jax
 import jax.numpy as jnp
 
 from posenc.attention import stickbreaking as sb
+from posenc.checks import boolean
 from posenc.model import attention as attn_lib
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, boolean
+from posenc.model.options import Option
 from posenc.norms import norms
 
 

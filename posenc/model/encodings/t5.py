@@ -3,10 +3,11 @@
 import jax
 from flax import nnx
 
+from posenc.checks import boolean, positive_int
 from posenc.encodings import t5
 from posenc.kernels import terms as kernel_lib
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, boolean, positive_int
+from posenc.model.options import Option
 
 
 @register_encoding("t5")

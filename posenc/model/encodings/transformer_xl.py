@@ -3,10 +3,11 @@
 import jax
 from flax import nnx
 
+from posenc.checks import one_of
 from posenc.encodings import transformer_xl
 from posenc.encodings.rope import rope
 from posenc.model.encoding import Encoding, register_encoding
-from posenc.model.options import Option, one_of
+from posenc.model.options import Option
 
 
 @register_encoding("transformer_xl")

@@ -1,10 +1,11 @@
 """xPos: RoPE with a per-pair exponential decay, queries scaled up and keys down."""
 
+from posenc.checks import one_of, positive
 from posenc.encodings import xpos
 from posenc.encodings.rope import rope
 from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
-from posenc.model.options import Option, one_of, positive
+from posenc.model.options import Option
 
 
 @register_encoding("xpos")
