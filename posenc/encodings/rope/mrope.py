@@ -9,7 +9,7 @@ with ``axis(j)`` from ``sections`` (A counts summing to F):
 - contiguous (Qwen2-VL, ``mrope_section``): frequencies 0..s0-1 read axis 0,
   the next s1 axis 1, ...; with layout "half" both halves of the head use the
   same split (Hugging Face splits ``mrope_section * 2`` over the width-Dh cos);
-- interleaved (Qwen3-VL, Bai et al. 2025, arXiv 2511.21631): frequency j reads
+- interleaved (Qwen3-VL, Qwen team 2025; transformers qwen3_vl): frequency j reads
   axis a = j % A when a > 0 and j < A * s_a, else axis 0, so T, H and W each
   span low and high frequencies ([T H W T H W ... T T]).
 
