@@ -1,4 +1,4 @@
-"""Normalization functions: LayerNorm, RMSNorm, ScaleNorm, DyT, L2, soft-capping.
+"""Normalization functions: LayerNorm, RMSNorm, ScaleNorm, DyT, Derf, L2, soft-capping.
 
 All functions normalise over the last axis of ``x`` (any leading shape),
 compute statistics in float32 and return an array of ``x.dtype``.
@@ -172,6 +172,36 @@ def dyt(x, alpha, gamma, beta=None):
     if beta is not None:
         _check_vector("beta", beta, x)
     y = jnp.asarray(gamma, _F32) * jnp.tanh(jnp.asarray(alpha, _F32) * x.astype(_F32))
+    if beta is not None:
+        y = y + jnp.asarray(beta, _F32)
+    return y.astype(x.dtype)
+
+
+def derf(x, alpha, shift, gamma, beta=None):
+    """Dynamic erf (Chen et al. 2025, arXiv 2512.10938): ``gamma * erf(alpha * x + shift) + beta``.
+
+    A normalisation-free replacement for LayerNorm / RMSNorm like DyT, with
+    the error function and a learned scalar shift. Initial values of the
+    official code (``zlab-princeton/Derf``, ``Dynamic_erf``): ``alpha`` 0.5
+    (their GPT-2 and DiT-XL runs set 1.0), ``shift`` 0, ``gamma`` ones,
+    ``beta`` zeros.
+
+    Args:
+      x: ``[..., D]``.
+      alpha: scalar.
+      shift: scalar.
+      gamma: ``[D]``.
+      beta: ``[D]`` or None.
+    Returns:
+      ``[..., D]`` in ``x.dtype``.
+    """
+    _check_scalar("alpha", alpha)
+    _check_scalar("shift", shift)
+    _check_vector("gamma", gamma, x)
+    if beta is not None:
+        _check_vector("beta", beta, x)
+    z = jnp.asarray(alpha, _F32) * x.astype(_F32) + jnp.asarray(shift, _F32)
+    y = jnp.asarray(gamma, _F32) * jax.lax.erf(z)
     if beta is not None:
         y = y + jnp.asarray(beta, _F32)
     return y.astype(x.dtype)
