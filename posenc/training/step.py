@@ -23,6 +23,15 @@ state to the shardings it came in with; without one the step is exactly
 the single-device step. ``seeds_train_step_fn`` is the same step
 ``jax.vmap``-ed over the stacked states of several seeds (one device).
 
+Why a single run does not train as a seed group of one: one run keeps its
+own program, the un-vmapped step, for two reasons. A group of one is slower
+at the small benchmark case: 2.9-3.7% more step time at case T (the paired medians of
+three runs of ``python -m benchmarks.group_of_one --case T``, 10, 30 and 30 rounds),
+1.0% at case R (2026-12-05, this 2-core CPU VM); and only the single run
+takes a ``mesh`` (data parallel, FSDP), which the vmapped seed axis does not.
+Both programs are built from the one ``_train_step`` (and ``_stats_step``),
+so a new metric or loss term is written once.
+
 The step loop (:mod:`posenc.training.steploop`) calls :func:`train_chunk_fn`
 (and :func:`seeds_train_chunk_fn`): up to k steps inside one compiled
 ``lax.fori_loop``, bit-identical to k calls of the single step. The
