@@ -84,16 +84,23 @@ def _prune_sections(config, spec: ModelSpec) -> None:
 
 def _model_spec(config, where: str) -> ModelSpec:
     spec = ModelSpec.from_config(config.model, train_length=int(config.task.train_length))
-    train_length = int(config.task.train_length)
+    train_length, pose_length = int(config.task.train_length), int(config.train.pose_length)
+    # the positions training feeds: 0 .. L - 1, or PoSE's up to train.pose_length - 1
+    needed, name = (pose_length, "train.pose_length") if pose_length else (train_length, "task.train_length")
     for kind in spec.position.kinds:
         limit = encoding_lib.get(kind).longest_sequence(spec.position.options[kind])
-        if limit is not None and limit < train_length:
+        if limit is not None and limit < needed:
             raise ValueError(f"{where}model.position.{kind} can represent {limit} positions, fewer "
-                             f"than task.train_length={train_length}: it needs a row per position")
+                             f"than {name}={needed}: it needs a row per position")
     pos = spec.position
     if pos.randomized and pos.randomized_max_position < train_length:
         raise ValueError(f"{where}model.position.randomized_max_position={pos.randomized_max_position} "
                          f"must be >= task.train_length={train_length}")
+    if pose_length and pose_length < train_length:
+        raise ValueError(f"train.pose_length={pose_length} must be 0 (off) or >= task.train_length={train_length}")
+    if pose_length and pos.randomized:
+        raise ValueError("train.pose_length > 0 and model.position.randomized=True both choose the training "
+                         "positions; use one or the other")
     return spec
 
 

@@ -94,6 +94,8 @@ class Train(Section):
     b2 = Field(0.98, _beta, "Adam beta2")
     eps = Field(1e-9, checks.positive, "Adam epsilon")
     z_loss = Field(0.0, checks.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
+    pose_length = Field(0, checks.nonnegative_int, "PoSE (Zhu et al. 2024): train on task.train_length windows whose "
+                        "positions skip so that distances up to this length occur (0 = off; >= task.train_length)")
     seed = Field(0, checks.nonnegative_int, "model init and data keys")
     steps_per_call = Field("auto", lambda n, v: _steps_per_call(n, v), "training steps per compiled call "
                            "(an integer >= 1, or auto: from a measured step time; the same results)",

@@ -72,11 +72,17 @@ def _make(spec: TaskSpec):
 
 @dataclasses.dataclass(frozen=True)
 class Positions:
-    """The positions fed with each batch: 0..L-1, or randomized (Ruoss et al. 2023)."""
+    """The positions fed with each batch: 0..L-1, randomized (Ruoss et al. 2023) or PoSE's skips.
+
+    ``pose_length`` > 0 (training batches only, ``train.pose_length``): each example's
+    positions skip forward once, so that relative distances up to ``pose_length`` - 1 occur
+    (:mod:`posenc.encodings.pose`, Zhu et al. 2024).
+    """
 
     randomized: bool = False
     max_position: int = 0
     per: str = "batch"  # one draw per batch, or per example
+    pose_length: int = 0
 
     @classmethod
     def from_config(cls, config) -> Positions:
@@ -128,9 +134,10 @@ class TrainSpec:
     def from_config(cls, config, task_spec: TaskSpec | None = None) -> TrainSpec:
         """The spec of a validated ``config`` (``task_spec``: its task's, if made already)."""
         train, mesh = config.train, config.get("mesh")
+        positions = dataclasses.replace(Positions.from_config(config), pose_length=int(train.get("pose_length", 0)))
         return cls(task=task_spec or TaskSpec.from_config(config), train_length=int(config.task.train_length),
                    min_size=int(config.task.min_size) or None, batch_size=int(train.batch_size),
-                   positions=Positions.from_config(config), optimizer=OptimizerSpec.from_train(train),
+                   positions=positions, optimizer=OptimizerSpec.from_train(train),
                    z_loss=float(train.z_loss), fsdp=bool(mesh is not None and mesh.get("fsdp", False)))
 
 

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from posenc.encodings import absolute
+from posenc.encodings import absolute, pose
 from posenc.norms import z_loss
 from posenc.training import optim, specs
 from posenc.training import sharding as sharding_lib
@@ -82,13 +82,16 @@ def masked_metrics(logits, targets, mask) -> dict:
 
 
 def positions_for(positions: specs.Positions, key, batch_size: int, length: int):
-    """Positions fed to the model: None (0..L-1), or randomized (Ruoss et al. 2023).
+    """Positions fed to the model: None (0..L-1), randomized (Ruoss et al. 2023) or PoSE's.
 
     Randomized: ``length`` sorted distinct draws from ``[0, positions.max_position)``, one
     draw for the whole batch (``per="batch"``, as the reference code) or one per example
     (``"example"``), at training and at evaluation alike (the model never sees the plain
-    0..L-1 layout).
+    0..L-1 layout). PoSE (``positions.pose_length``, training only): one skip per example
+    (:func:`posenc.encodings.pose.positions`).
     """
+    if positions.pose_length:
+        return pose.positions(key, length, target_length=positions.pose_length, batch_shape=(batch_size,))
     if not positions.randomized:
         return None
     return absolute.randomized_positions(
@@ -105,9 +108,10 @@ def _batch(task, positions: specs.Positions, key, batch_size, length, *, split, 
     data_key, pos_key = jax.random.split(key)
     batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
     if "position_ids" in batch:
-        if positions.randomized:
-            raise ValueError("model.position.randomized=True, but the task gives its own positions "
-                             "(position_ids: position coupling); use one or the other")
+        if positions.randomized or positions.pose_length:
+            field = "model.position.randomized=True" if positions.randomized else "train.pose_length > 0"
+            raise ValueError(f"{field}, but the task gives its own positions (position_ids: position "
+                             "coupling); use one or the other")
         return batch, batch["position_ids"]
     return batch, positions_for(positions, pos_key, batch_size, length)
 
