@@ -42,7 +42,7 @@ def test_every_method_builds_a_valid_config(tiny_study):
     fields = {m: study.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
     assert set(extend_config.METHODS) == set(study.METHODS)
     zero = prepare.resolve(study.zero_shot_config(base.resolved.config, fields, 64))
-    assert set(zero.eval_variants) == set(study.METHODS) - {"default"}
+    assert set(zero.eval_variants) == set(study.METHODS) - {"default", "pose", "drope"}  # those two train
     options = {m: s.position.options["rope"] for m, (_, s) in zero.eval_variants.items()}
     assert options["yarn"]["temperature"] == "paper"
     assert options["yarn_quadratic"]["temperature"] == "quadratic"
@@ -294,3 +294,27 @@ def test_the_paired_table_compares_each_method_with_extrapolation_seed_by_seed()
     # differences 0.50, 0.51, 0.52: mean 0.51, t_{0.975,2} * 0.01 / sqrt(3) = 0.0248
     assert line.startswith("| self_extend | 0.610 [") and "| 0.510 [0.485, 0.535] | yes | 1.000 |" in line
     assert "| default | 0.100 [" in text and "depth 0 |" in text
+
+
+def test_pose_and_drope_fine_tune_at_the_base_length_without_a_zero_shot_point(tmp_path):
+    """PoSE and DroPE train: no zero-shot variant, fine-tunes at L (PoSE's positions over s L; DroPE: NoPE)."""
+    c = tiny_config()
+    c.methods = ("default", "pose", "drope")
+    c.finetune_steps = (0, 2)
+    fields = {m: study.method_fields(m, 2, 16) for m in c.methods}
+    assert fields["pose"]["train.pose_length"] == 32 and fields["drope"] == {"model.position.kind": "nope"}
+    base = prepare.resolve(c.base)
+    zero = prepare.resolve(study.zero_shot_config(base.config, fields, 32))
+    assert set(zero.eval_variants) == set()  # neither is an evaluation variant
+    pose = prepare.resolve(study.finetune_config(c, base.config, fields["pose"], 32, 2, at_target=False))
+    assert pose.config.task.train_length == 16 and pose.train.positions.pose_length == 32
+    assert pose.config.train.batch_size == base.config.train.batch_size and pose.config.eval.lengths == (16, 32)
+    drope = prepare.resolve(study.finetune_config(c, base.config, fields["drope"], 32, 2, at_target=False))
+    assert drope.spec.position.layer_kinds == ("nope",) * base.spec.num_layers
+    workdir = str(tmp_path)
+    rows = studies.run("extend", c, workdir)
+    trained = {(r["method"], r["finetune_steps"], r["eval_length"]) for r in rows}
+    assert trained == {("default", 0, 16), ("default", 0, 32), ("default", 2, 16), ("default", 2, 32),
+                       ("pose", 2, 16), ("pose", 2, 32), ("drope", 2, 16), ("drope", 2, 32)}
+    # DroPE's weights are the base's (RoPE has none): its fine-tune starts from the base's loss at L with NoPE
+    assert all(r["loss"] is not None for r in rows)

@@ -43,7 +43,10 @@ Fields:
                        training-free remappings (model.position.rope.remap, zero-shot
                        only but dual_chunk): self_extend, rerope, leaky_rerope,
                        dual_chunk, string, streaming_llm, lm_infinite, with the
-                       papers' settings at (s, L) (posenc.studies.extend.METHODS)
+                       papers' settings at (s, L) (posenc.studies.extend.METHODS);
+                       and two that train, fine-tune only, at L: pose (PoSE's
+                       positions skipping over s L, train.pose_length) and drope
+                       (the base with RoPE removed, recalibrated)
     factors            s: each method extends L to s L
     finetune_steps     budgets (0 = zero-shot only)
     finetune           train.* fields of the fine-tunes; batch_size 0 keeps the
@@ -67,10 +70,10 @@ from posenc.configs import default
 
 ARGS = ("smoke", "quick", "retrieval", "retrieval_full", "full")
 RETRIEVAL_METHODS = ("default", "ntk", "yarn", "self_extend", "rerope", "dual_chunk", "string",
-                     "streaming_llm", "lm_infinite")
+                     "streaming_llm", "lm_infinite", "pose", "drope")
 METHODS = ("default", "linear", "ntk", "dynamic", "yarn", "yarn_quadratic", "dynamic_yarn",
            "longrope", "llama3", "self_extend", "rerope", "leaky_rerope", "dual_chunk", "string",
-           "streaming_llm", "lm_infinite")
+           "streaming_llm", "lm_infinite", "pose", "drope")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -46,6 +46,9 @@ class Method(NamedTuple):
     # (factor s, training length L) -> the model.position.rope remap fields (posenc.model.encodings.rope.REMAPS)
     remap: Callable[[float, int], dict] | None = None
     finetune: bool = True  # False: training-free only (no fine-tuning points)
+    # (s, L) -> further run fields of its fine-tunes (a method that trains: PoSE's positions, DroPE's NoPE);
+    # such a method has no zero-shot evaluation and fine-tunes at L, not at s L
+    trains: Callable[[float, int], dict] | None = None
 
 
 def _group(s: float) -> int:
@@ -83,6 +86,11 @@ METHODS = {
                                                                 window=max(0, n - 5)), finetune=False),
     "lm_infinite": Method(None, remap=lambda s, n: dict(remap="lm_infinite", global_branch=10,
                                                               local_branch=n, limit=n), finetune=False),
+    # PoSE (Zhu et al. 2024): fine-tune at L with positions skipping over s L (posenc.pose; the base's RoPE)
+    "pose": Method(None, trains=lambda s, n: {"train.pose_length": int(round(s * n))}),
+    # DroPE (Gelberg et al. 2025, SakanaAI/DroPE): the base with RoPE removed (NoPE, the same weights),
+    # recalibrated by fine-tuning at L, then evaluated at s L
+    "drope": Method(None, trains=lambda s, n: {"model.position.kind": "nope"}),
 }
 _ADAPTIVE = ("dynamic",)  # the scale follows the current length: no fixed factor
 PASSKEY_EVAL = dict(batch_size=8, num_batches=4)  # 32 keys per target length
@@ -187,15 +195,19 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
     whatever the base had.
     """
     from posenc.encodings.rope import rope_scaling
-    from posenc.model.encodings import rope as rope_unit
     from posenc.training import longrope as longrope_lib
 
     if method == "default":
         return {}
     m = METHODS[method]
+    if m.trains is not None:
+        fields = m.trains(float(factor), int(original_length))
+        if "model.position.kind" in fields:  # the RoPE section goes with RoPE
+            return fields
+        return {**fields, **{f"model.position.rope.{k}": v for k, v in _resets(m).items()}}
     remapped = m.remap(float(factor), int(original_length)) if m.remap is not None else {}
     fields = {f"model.position.rope.{k}": v for k, v in remapped.items()}
-    resets = dict(rope_unit.remap_defaults())
+    resets = _resets(m)
     if method == "longrope":
         if longrope is None:
             raise ValueError("method 'longrope' needs searched factors")
@@ -208,11 +220,19 @@ def method_fields(method: str, factor: float, original_length: int, longrope=Non
         if "original_length" in used:
             fields["model.position.rope.original_length"] = int(original_length)
         fields.update({f"model.position.rope.{k}": v for k, v in m.extra.items()})
-    if m.scaling is not None:
-        resets.update(rope_unit.scaling_defaults())
     for name, default in resets.items():
         fields.setdefault(f"model.position.rope.{name}", default)
     return fields
+
+
+def _resets(m: Method) -> dict:
+    """The RoPE options ``m`` resets to their defaults: every remapping's, and every scaling's if it sets one."""
+    from posenc.model.encodings import rope as rope_unit
+
+    resets = dict(rope_unit.remap_defaults())
+    if m.scaling is not None:
+        resets.update(rope_unit.scaling_defaults())
+    return resets
 
 
 def _placeholder_longrope(config, factor) -> dict:
@@ -239,18 +259,27 @@ def zero_shot_config(base_config, fields: dict, target: int):
     """The base config evaluated at (L, target) with every method as an evaluation variant."""
     c = _base_config(base_config)
     c.eval.lengths = (int(c.task.train_length), int(target))
-    c.eval.variants = overrides.fields({m: f for m, f in fields.items() if m != "default"})
+    c.eval.variants = overrides.fields({m: f for m, f in fields.items() if m != "default" and zero_shot(m)})
     return c
 
 
-def finetune_config(config, base_config, fields: dict, target: int, steps: int):
-    """The fine-tune of the base at length ``target`` with ``fields``, for ``steps`` steps."""
+def zero_shot(method: str) -> bool:
+    """Whether ``method`` has a zero-shot evaluation (a method that trains has not)."""
+    return METHODS[method].trains is None
+
+
+def finetune_config(config, base_config, fields: dict, target: int, steps: int, *, at_target: bool = True):
+    """The fine-tune of the base at length ``target`` with ``fields``, for ``steps`` steps.
+
+    ``at_target`` False: at the base's length L instead (a method that trains for s L at L).
+    """
     c = _base_config(base_config)
     length = int(c.task.train_length)
     overrides.apply(c, fields, schema=Run, where="method")
     ft = config.finetune
-    batch = int(ft.batch_size) or max(1, int(c.train.batch_size) * length // int(target))
-    c.task.train_length = int(target)
+    trained = int(target) if at_target else length
+    batch = int(ft.batch_size) or max(1, int(c.train.batch_size) * length // trained)
+    c.task.train_length = trained
     c.train.update(steps=int(steps), batch_size=batch, learning_rate=float(ft.learning_rate),
                    warmup_steps=min(int(ft.warmup_steps), int(steps)),
                    min_lr_ratio=float(ft.min_lr_ratio), weight_decay=float(ft.weight_decay),
@@ -360,8 +389,8 @@ class Extend(engine.Study):
                 points.append(engine.Point(f"zero_shot_{tag}", common, after=deps))
                 for method in (m for m in config.methods if METHODS[m].finetune):
                     for steps in sorted({int(n) for n in config.finetune_steps if int(n) > 0}):
-                        _resolve(finetune_config(config, resolved.config, fields[method], target, steps),
-                                 f"finetune_{method}_{tag}_n{steps}")
+                        _resolve(finetune_config(config, resolved.config, fields[method], target, steps,
+                                                 at_target=zero_shot(method)), f"finetune_{method}_{tag}_n{steps}")
                     points.append(engine.Point(f"finetune_{method}_{tag}", dict(common, method=method),
                                                after=deps if method == "longrope" else (base_name,)))
         return points
@@ -456,7 +485,7 @@ class Extend(engine.Study):
             method = r.get("eval_variant") or "default"
             if method in ctx.config.methods:
                 rows.append(study_row(r, method=method, task=str(zero.config.task.name), **ident))
-        for method in ctx.config.methods if self._wants_passkey(ctx, p["target"]) else ():
+        for method in [m for m in ctx.config.methods if zero_shot(m)] if self._wants_passkey(ctx, p["target"]) else ():
             spec = zero.spec if method == "default" else zero.eval_variants[method][1]
             rows += [study_row(r, method=method, task=r["task"], **ident) for r in self._passkey(
                 base.params, zero, spec, p["target"], os.path.join(d, "passkey.jsonl"), f"{zero.hash}:{method}",
@@ -474,7 +503,8 @@ class Extend(engine.Study):
         for steps in sorted({int(n) for n in ctx.config.finetune_steps if int(n) > 0}):
             name = f"{point.name}_n{steps}"
             d = os.path.join(ctx.run_dir(point), f"n{steps}")
-            resolved = prepare.resolve(finetune_config(ctx.config, base.resolved.config, fields, p["target"], steps))
+            resolved = prepare.resolve(finetune_config(ctx.config, base.resolved.config, fields, p["target"], steps,
+                                                       at_target=zero_shot(method)))
             start = None
             if previous is not None:
                 try:  # continue the shorter budget where that equals starting from the base
