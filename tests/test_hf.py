@@ -210,14 +210,16 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     assert old.to_dict() == hf.config(os.path.join(DATA, "olmo3")).to_dict()
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
-    (lambda c: c.update(moe_layers=[1]), r"unsupported field moe_layers=\[1\].*mixture-of-experts"),
-    (lambda c: c.update(hidden_act="relu"), r"unsupported field hidden_act='relu'"),
-    (lambda c: c["rope_parameters"].update(rope_type="su"), r"unsupported field rope_type='su'"),
+@pytest.mark.parametrize("family,edit,message", [
+    ("llama", lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
+    ("llama4", lambda c: c.update(moe_layers=[1]), r"unsupported field moe_layers=\[1\].*mixture-of-experts"),
+    ("llama", lambda c: c.update(hidden_act="relu"), r"unsupported field hidden_act='relu'"),
+    ("llama", lambda c: c["rope_parameters"].update(rope_type="su"), r"unsupported field rope_type='su'"),
+    ("smollm3", lambda c: c.update(layer_types=["sliding_attention"] * 4, sliding_window=8),
+     r"unsupported field use_sliding_window=False"),
+    ("cohere2", lambda c: c.update(sliding_window=None), r"unsupported field sliding_window=None"),
 ])
-def test_unsupported_architecture_or_field_is_one_line(tmp_path, edit, message):
-    family = "llama4" if "moe" in message else "llama"
+def test_unsupported_architecture_or_field_is_one_line(tmp_path, family, edit, message):
     with pytest.raises(ValueError, match=message) as err:
         hf.load(_copy(family, tmp_path, edit))
     assert "\n" not in str(err.value)
