@@ -1,4 +1,4 @@
-"""posenc.hf: tiny checkpoints of nine HF families load into the Decoder and give transformers' logits.
+"""posenc.hf: tiny checkpoints of sixteen HF families load into the Decoder and give transformers' logits.
 
 Fixtures: tests/data/hf_models/<family>/ (config.json, model.safetensors, logits.npz), made by
 tests/data/make_hf_fixtures.py with transformers 5.24.0 (random weights, eager float32 attention,
@@ -54,8 +54,9 @@ def _full_and_cached(model, tokens):
 
 
 def test_fixtures_cover_the_families():
-    assert FAMILIES == ["bloom", "gemma2", "gemma3", "gpt_neox", "llama", "llama4", "mistral",
-                        "phi3", "qwen2"]
+    assert FAMILIES == ["bloom", "cohere2", "exaone4", "gemma2", "gemma3", "glm4", "gpt_neox",
+                        "llama", "llama4", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
+                        "smollm3"]
     assert len(hf.hf_families.FAMILIES) == len(FAMILIES)  # every family the loader has
 
 
@@ -89,6 +90,7 @@ def test_phi3_longrope_switch_is_in_the_fixture():
 @pytest.mark.parametrize("family,overrides", [
     ("gemma3", {"model.attention_impl": "blocked", "model.attention_block": 8}),
     ("llama4", {"model.attention_impl": "blocked", "model.attention_block": 8}),
+    ("cohere2", {"model.attention_impl": "blocked", "model.attention_block": 8}),
 ])
 def test_blocked_attention_with_windows_and_chunks(family, overrides):
     z = _fixture(family)
@@ -113,6 +115,44 @@ def test_config_of_gemma3_and_llama4():
         "rms_plain", "positional", True)
     assert (l4.logit_scale.kind, l4.logit_scale.floor_scale) == ("temperature", 4.0)
     assert l4.position.rope.layout == "interleaved" and l4.position.rope.base == 500000.0
+
+
+def test_config_of_the_families_with_layer_patterns():
+    """Each family's layer pattern as posenc fields: windows, NoPE layers, per-layer RoPE, norms."""
+    o2 = hf.config(os.path.join(DATA, "olmo2"))
+    assert (o2.norm.placement, o2.norm.qk_norm, o2.position.rope.base) == ("reordered", "rms_full", 5e5)
+    o3 = hf.config(os.path.join(DATA, "olmo3"))  # 3 window layers : 1 global with YaRN
+    assert (o3.attention_span, o3.attention_window, o3.global_every) == ("window", 8, 4)
+    assert o3.position.rope.scaling == "default"
+    assert o3.position.layers == ({"layers": (3,), "rope.scaling": "yarn", "rope.factor": 4.0,
+                                   "rope.original_length": 16},)
+    s3 = hf.config(os.path.join(DATA, "smollm3"))
+    assert s3.position.layers == ({"layers": (3,), "kind": "nope"},) and s3.attention_span == "full"
+    q3 = hf.config(os.path.join(DATA, "qwen3"))
+    assert (q3.norm.qk_norm, q3.layer_spans, q3.bias) == ("rms", ("full", "window"), "none")
+    e4 = hf.config(os.path.join(DATA, "exaone4"))  # the global layers of a windowed EXAONE are NoPE
+    assert e4.position.layers == ({"layers": (3,), "kind": "nope"},) and e4.global_every == 4
+    assert (e4.norm.placement, e4.norm.qk_norm, e4.position.rope.scaling) == ("reordered", "rms", "llama3")
+    g4 = hf.config(os.path.join(DATA, "glm4"))
+    assert (g4.norm.placement, g4.bias, g4.position.rope.layout, g4.position.rope.rotary_fraction) == (
+        "sandwich", "qkv", "interleaved", 0.5)
+    c2 = hf.config(os.path.join(DATA, "cohere2"))
+    assert c2.position.layers == ({"layers": (3,), "kind": "nope"},)
+    assert (c2.norm.kind, c2.parallel_residual, c2.output_multiplier, c2.tie_embeddings) == (
+        "layer_nobias", True, 0.5, True)
+
+
+def test_every_familys_preset_is_a_valid_model_on_its_own():
+    import ml_collections
+
+    from posenc.config import overrides
+    from posenc.model import model_config, presets
+
+    for name in sorted({f.preset for f in hf.hf_families.FAMILIES.values()}):
+        c = ml_collections.ConfigDict({"model": model_config()})
+        overrides.apply(c, presets.get(name), where=name)
+        spec = ModelSpec.from_config(c.model, train_length=16)
+        assert spec.num_layers >= 2, name
 
 
 def _copy(family, tmp_path, edit):
@@ -161,15 +201,25 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     old = hf.config(_copy("gemma3", tmp_path, gemma3_old))
     assert old.to_dict() == hf.config(os.path.join(DATA, "gemma3")).to_dict()
 
+    def olmo3_old(cfg):  # one rope_theta; rope_scaling is the global layers'
+        p = cfg.pop("rope_parameters")
+        cfg.update(rope_theta=p["sliding_attention"]["rope_theta"],
+                   rope_scaling={k: v for k, v in p["full_attention"].items() if k != "rope_theta"})
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
-    (lambda c: c.update(moe_layers=[1]), r"unsupported field moe_layers=\[1\].*mixture-of-experts"),
-    (lambda c: c.update(hidden_act="relu"), r"unsupported field hidden_act='relu'"),
-    (lambda c: c["rope_parameters"].update(rope_type="su"), r"unsupported field rope_type='su'"),
+    old = hf.config(_copy("olmo3", tmp_path, olmo3_old))
+    assert old.to_dict() == hf.config(os.path.join(DATA, "olmo3")).to_dict()
+
+
+@pytest.mark.parametrize("family,edit,message", [
+    ("llama", lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
+    ("llama4", lambda c: c.update(moe_layers=[1]), r"unsupported field moe_layers=\[1\].*mixture-of-experts"),
+    ("llama", lambda c: c.update(hidden_act="relu"), r"unsupported field hidden_act='relu'"),
+    ("llama", lambda c: c["rope_parameters"].update(rope_type="su"), r"unsupported field rope_type='su'"),
+    ("smollm3", lambda c: c.update(layer_types=["sliding_attention"] * 4, sliding_window=8),
+     r"unsupported field use_sliding_window=False"),
+    ("cohere2", lambda c: c.update(sliding_window=None), r"unsupported field sliding_window=None"),
 ])
-def test_unsupported_architecture_or_field_is_one_line(tmp_path, edit, message):
-    family = "llama4" if "moe" in message else "llama"
+def test_unsupported_architecture_or_field_is_one_line(tmp_path, family, edit, message):
     with pytest.raises(ValueError, match=message) as err:
         hf.load(_copy(family, tmp_path, edit))
     assert "\n" not in str(err.value)

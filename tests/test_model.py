@@ -146,6 +146,17 @@ def test_final_softcap_bounds_the_logits():
     assert float(jnp.abs(model(_tokens())).max()) <= 0.5
 
 
+def test_output_multiplier_scales_the_logits_before_the_final_softcap():
+    tokens = _tokens()
+    plain = build("nope", norm=dict(final_softcap=3.0))(tokens)
+    scaled = build("nope", output_multiplier=0.25, norm=dict(final_softcap=3.0))(tokens)
+    uncapped = build("nope")(tokens)  # the same parameters (seed 0): logits before the cap
+    np.testing.assert_allclose(scaled, 3.0 * jnp.tanh(0.25 * uncapped / 3.0), atol=1e-5, rtol=0)
+    assert float(jnp.abs(scaled - plain).max()) > 1e-2
+    with pytest.raises(ValueError, match="model.output_multiplier"):
+        build("nope", output_multiplier=0.0)
+
+
 def test_deepnorm_initialises_value_output_and_mlp_with_gain_beta():
     block = build("nope", d_model=64, num_layers=6, norm=dict(placement="deepnorm")).blocks[0]
     _, beta = norms.deepnorm_constants(6)

@@ -3,17 +3,17 @@
 A :class:`Family` maps a checkpoint's config to dotted ``model.*`` fields
 (its preset of ``posenc.model.presets`` plus the checkpoint's values) and its
 tensors (HF names, torch ``[out, in]`` layout) to posenc's flat parameter
-paths. Every config field that would change the computation and that posenc
+paths (:mod:`posenc.hf.hf_params`). Every config field that would change the computation and that posenc
 cannot express is refused by name (:func:`unsupported`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
-import numpy as np
-
+from posenc.hf import hf_params
 from posenc.model import encoding, presets
 from posenc.model import options as options_lib
 
@@ -47,8 +47,9 @@ def _rope_params(hf: dict, layer_type: str | None = None) -> dict:
         p = {} if layer_type == "sliding_attention" else dict(hf.get("rope_scaling") or {})
         if "type" in p and "rope_type" not in p:
             p["rope_type"] = p.pop("type")
-        theta = {"sliding_attention": "rope_local_base_freq"}.get(layer_type, "rope_theta")
-        default = {"gemma3_text": 1e6 if theta == "rope_theta" else 10000.0}.get(hf.get("model_type"))
+        gemma3 = hf.get("model_type") == "gemma3_text"
+        theta = "rope_local_base_freq" if gemma3 and layer_type == "sliding_attention" else "rope_theta"
+        default = (1e6 if theta == "rope_theta" else 10000.0) if gemma3 else None
         p.setdefault("rope_theta", hf.get(theta, hf.get("rotary_emb_base", default or 10000.0)))
         for key in ("partial_rotary_factor", "original_max_position_embeddings"):
             if key in hf and key not in p:
@@ -163,34 +164,76 @@ def _refuse(hf: dict, fields: dict) -> None:
             raise unsupported(hf, field, why)
 
 
+def _llama_core(hf: dict, preset: str, *, tie_default=False, o_bias=True,
+                eps_key="rms_norm_eps") -> dict:
+    """Sizes, the gated MLP, biases and the checkpoint's RoPE of a Llama-like layer."""
+    _refuse(hf, {"pretraining_tp": ((None, 1), "tensor-parallel slicing changes the sums")})
+    if hf.get("mlp_bias") and not hf.get("attention_bias"):
+        raise unsupported(hf, "mlp_bias", "an MLP bias needs attention_bias too (model.bias 'all')")
+    out = _base(hf, preset, eps_key=eps_key, tie_default=tie_default)
+    out["model.mlp"] = _act(hf, "hidden_act", {"silu": "swiglu"})
+    if hf.get("attention_bias"):
+        out["model.bias"] = "all" if hf.get("mlp_bias") else ("attention" if o_bias else "qkv")
+    elif hf.get("model_type") == "qwen2":
+        out["model.bias"] = "qkv"
+    _set_rope(out, _rope_options(hf, _rope_params(hf)))
+    return out
+
+
+def _set_rope(out: dict, opts: dict) -> None:
+    """The checkpoint's RoPE options in place of the preset's."""
+    for k in [k for k in out if k.startswith("model.position.rope.")]:
+        del out[k]
+    out.update(_prefixed(opts, "model.position.rope."))
+
+
+def _set_spans(out: dict, hf: dict, spans: list[str]) -> None:
+    """Span fields and the window of ``spans`` (a window layer needs the config's sliding_window)."""
+    out.update(_spans(spans))
+    window = hf.get("sliding_window")
+    if "window" in spans and not window:
+        raise unsupported(hf, "sliding_window", "layer_types has sliding_attention layers")
+    out["model.attention_window"] = int(window) if "window" in spans else 0
+
+
+def _nope(out: dict, layers) -> None:
+    """Layers without RoPE (iRoPE-style NoPE layers) as a model.position.layers rule."""
+    nope = tuple(layers)
+    out["model.position.layers"] = ({"layers": nope, "kind": "nope"},) if nope else ()
+
+
 def _llama_like(preset: str, tie_default=False):
     def fields(hf):
-        _refuse(hf, {"pretraining_tp": ((None, 1), "tensor-parallel slicing changes the sums")})
-        if hf.get("mlp_bias") and not hf.get("attention_bias"):
-            raise unsupported(hf, "mlp_bias", "an MLP bias needs attention_bias too (model.bias 'all')")
-        out = _base(hf, preset, tie_default=tie_default)
-        out["model.mlp"] = _act(hf, "hidden_act", {"silu": "swiglu"})
-        if hf.get("attention_bias"):
-            out["model.bias"] = "all" if hf.get("mlp_bias") else "attention"
-        elif hf.get("model_type") == "qwen2":
-            out["model.bias"] = "qkv"
-        rope = {k: v for k, v in out.items() if k.startswith("model.position.rope.")}
-        for k in rope:
-            del out[k]
-        out.update(_prefixed(_rope_options(hf, _rope_params(hf)), "model.position.rope."))
+        out = _llama_core(hf, preset, tie_default=tie_default)
         n = out["model.num_layers"]
         window = hf.get("sliding_window")
-        if hf.get("model_type") == "qwen2":
+        if hf.get("model_type") in ("qwen2", "qwen3"):
             use = hf.get("use_sliding_window", False)
             default = ["sliding_attention" if use and window and i >= hf.get("max_window_layers", 28)
                        else "full_attention" for i in range(n)]
             spans = _layer_spans(hf, n, default)
         else:
             spans = ["window" if window else "full"] * n
-        out.update(_spans(spans))
-        out["model.attention_window"] = int(window) if "window" in spans else 0
+        _set_spans(out, hf, spans)
         return out
     return fields
+
+
+def _rope_by_type(hf: dict, out: dict, spans: list[str]) -> None:
+    """One RoPE per layer type (Gemma 3, OLMo 3): the window layers' in the section, the others
+    as model.position.layers rules."""
+    types = [t for t, s in SPAN_OF.items() if s in spans]
+    by_type = {t: _rope_options(hf, _rope_params(hf, t)) for t in types}
+    first = "sliding_attention" if "sliding_attention" in by_type else types[0]
+    _set_rope(out, by_type[first])
+    rules = []
+    for t, opts in by_type.items():
+        changed = {f"rope.{k}": v for k, v in opts.items() if by_type[first].get(k) != v}
+        changed.update({f"rope.{k}": _default_of(k) for k in by_type[first] if k not in opts})
+        if changed:
+            layers = tuple(i for i, s in enumerate(spans) if s == SPAN_OF[t])
+            rules.append({"layers": layers, **changed})
+    out["model.position.layers"] = tuple(rules)
 
 
 def _gemma(preset: str):
@@ -209,26 +252,89 @@ def _gemma(preset: str):
         out["model.attention_scale"] = float(hf.get("query_pre_attn_scalar", 256)) ** -0.5
         out["model.norm.attn_softcap"] = float(hf.get("attn_logit_softcapping") or 0.0)
         out["model.norm.final_softcap"] = float(hf.get("final_logit_softcapping") or 0.0)
-        for k in [k for k in out if k.startswith("model.position.rope.")]:
-            del out[k]
         if preset == "gemma2":
-            out.update(_prefixed(_rope_options(hf, _rope_params(hf)), "model.position.rope."))
-            return out
-        # Gemma 3: one RoPE per layer type; the window layers' in the section, the others as rules
-        types = [t for t, s in SPAN_OF.items() if s in spans]
-        by_type = {t: _rope_options(hf, _rope_params(hf, t)) for t in types}
-        first = "sliding_attention" if "sliding_attention" in by_type else types[0]
-        out.update(_prefixed(by_type[first], "model.position.rope."))
-        rules = []
-        for t, opts in by_type.items():
-            changed = {f"rope.{k}": v for k, v in opts.items() if by_type[first].get(k) != v}
-            changed.update({f"rope.{k}": _default_of(k) for k in by_type[first] if k not in opts})
-            if changed:
-                layers = tuple(i for i, s in enumerate(spans) if s == SPAN_OF[t])
-                rules.append({"layers": layers, **changed})
-        out["model.position.layers"] = tuple(rules)
+            _set_rope(out, _rope_options(hf, _rope_params(hf)))
+        else:
+            _rope_by_type(hf, out, spans)
         return out
     return fields
+
+
+def _every(n: int, k: int, first: str, other: str) -> list[str]:
+    """Layer types of an HF pattern: every k-th layer (k - 1, 2k - 1, ...) ``other``."""
+    return [other if (i + 1) % k == 0 else first for i in range(n)]
+
+
+def _olmo2_fields(hf):
+    out = _llama_core(hf, "olmo2")
+    _set_spans(out, hf, ["full"] * out["model.num_layers"])
+    return out
+
+
+def _olmo3_fields(hf):
+    out = _llama_core(hf, "olmo3")
+    spans = _layer_spans(hf, out["model.num_layers"],
+                         _every(out["model.num_layers"], 4, "sliding_attention", "full_attention"))
+    _set_spans(out, hf, spans)
+    _rope_by_type(hf, out, spans)
+    return out
+
+
+def _smollm3_fields(hf):
+    out = _llama_core(hf, "smollm3", tie_default=True)
+    n = out["model.num_layers"]
+    interval = hf.get("no_rope_layer_interval", 4)
+    rope_layers = hf.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    if len(rope_layers) != n:
+        raise unsupported(hf, "no_rope_layers", f"{len(rope_layers)} entries for {n} layers")
+    use = hf.get("use_sliding_window", False) and hf.get("sliding_window") is not None
+    spans = _layer_spans(hf, n, ["sliding_attention" if use and not r else "full_attention"
+                                 for r in rope_layers])
+    if "window" in spans and not use:
+        raise unsupported(hf, "use_sliding_window", "layer_types has sliding_attention layers")
+    _set_spans(out, hf, spans)
+    _nope(out, (i for i, r in enumerate(rope_layers) if not r))
+    return out
+
+
+def _exaone4_fields(hf):
+    out = _llama_core(hf, "exaone4")
+    n = out["model.num_layers"]
+    window = hf.get("sliding_window")
+    pattern = hf.get("sliding_window_pattern") or 0
+    if isinstance(pattern, str):  # "LLLG": L local (window), G global
+        pattern = [pattern[i % len(pattern)] for i in range(n)]
+        default = ["sliding_attention" if c == "L" else "full_attention" for c in pattern]
+    else:
+        default = (_every(n, int(pattern), "sliding_attention", "full_attention")
+                   if window and pattern else ["full_attention"] * n)
+    spans = _layer_spans(hf, n, default)
+    _set_spans(out, hf, spans)
+    # HF: with a window, only the window layers rotate (the global layers are NoPE)
+    _nope(out, (i for i, s in enumerate(spans) if window and s != "window"))
+    return out
+
+
+def _glm4_fields(hf):
+    out = _llama_core(hf, "glm4", o_bias=False)  # GLM-4: q / k / v biases, none on o_proj
+    p = _rope_params(hf)
+    p.setdefault("partial_rotary_factor", 0.5)
+    _set_rope(out, _rope_options(hf, p))
+    out["model.position.rope.layout"] = "interleaved"  # GLM rotates pairs (2i, 2i + 1)
+    _set_spans(out, hf, ["full"] * out["model.num_layers"])
+    return out
+
+
+def _cohere2_fields(hf):
+    out = _llama_core(hf, "cohere2", tie_default=True, eps_key="layer_norm_eps")
+    out["model.position.rope.layout"] = "interleaved"  # Cohere interleaves the frequencies
+    n = out["model.num_layers"]
+    spans = _layer_spans(hf, n, _every(n, hf.get("sliding_window_pattern", 4), "sliding_attention",
+                                       "full_attention"))
+    _set_spans(out, hf, spans)
+    _nope(out, (i for i, s in enumerate(spans) if s != "window"))  # only the window layers rotate
+    out["model.output_multiplier"] = float(hf.get("logit_scale", 0.0625))
+    return out
 
 
 def _default_of(option: str):
@@ -302,159 +408,28 @@ def _bloom_fields(hf):
     return out
 
 
-# -- parameters ----------------------------------------------------------------------------
-
-class _Tensors:
-    """The checkpoint's tensors, each taken once; the ones left over are an error."""
-
-    def __init__(self, tensors: dict, ignore=("rotary_emb.inv_freq", "attention.bias",
-                                              "attention.masked_bias")):
-        self.t = {k: v for k, v in tensors.items() if not k.endswith(ignore)}
-        self.used: set[str] = set()
-
-    def __call__(self, name):
-        if name not in self.t:
-            raise ValueError(f"checkpoint has no tensor {name!r} (its names start with "
-                             f"{sorted(self.t)[:3]})")
-        self.used.add(name)
-        return self.t[name]
-
-    def has(self, name):
-        return name in self.t
-
-    def done(self):
-        left = sorted(set(self.t) - self.used)
-        if left:
-            raise ValueError(f"checkpoint tensors posenc has no place for: {left[:4]}"
-                             + (f" and {len(left) - 4} more" if len(left) > 4 else ""))
-
-
-def _heads_in(w, heads, dh):  # torch [heads * dh, D] -> posenc [D, heads, dh]
-    return w.T.reshape(w.shape[1], heads, dh)
-
-
-def _heads_out(w, heads, dh):  # torch [D, heads * dh] -> posenc [heads, dh, D]
-    return w.T.reshape(heads, dh, w.shape[0])
-
-
-def _norm(out, path, t, name, kind):
-    out[path + ("params", "scale")] = t(name + ".weight")
-    if kind == "layer":
-        out[path + ("params", "bias")] = t(name + ".bias")
-
-
-def _head(out, spec, t, embed, head):
-    out[("embedding",)] = t(embed)
-    if spec.tie_embeddings:
-        if t.has(head):
-            t(head)  # a tied checkpoint may store the head too: HF ties it to the embedding
-    else:
-        out[("head",)] = t(head).T
-
-
-def _llama_params(hf, tensors, spec, *, mlp="mlp"):
-    t, out = _Tensors(tensors), {}
-    H, K, Dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    gemma = spec.norm.kind == "rms_offset"
-    _head(out, spec, t, "model.embed_tokens.weight", "lm_head.weight")
-    _norm(out, ("final_norm",), t, "model.norm", "rms")
-    for i in range(spec.num_layers):
-        p, b = f"model.layers.{i}.", ("blocks", i)
-        a = p + "self_attn."
-        if t.has(a + "qkv_proj.weight"):  # Phi-3: one fused projection [q; k; v]
-            q, k, v = np.split(t(a + "qkv_proj.weight"), [H * Dh, (H + K) * Dh])
-        else:
-            q, k, v = (t(a + f"{n}_proj.weight") for n in "qkv")
-        out[b + ("attn", "wq")] = _heads_in(q, H, Dh)
-        out[b + ("attn", "wk")] = _heads_in(k, K, Dh)
-        out[b + ("attn", "wv")] = _heads_in(v, K, Dh)
-        out[b + ("attn", "wo")] = _heads_out(t(a + "o_proj.weight"), H, Dh)
-        if spec.bias != "none":
-            for n, heads in (("q", H), ("k", K), ("v", K)):
-                out[b + ("attn", "biases", n)] = t(a + f"{n}_proj.bias").reshape(heads, Dh)
-            if spec.bias != "qkv":
-                out[b + ("attn", "biases", "o")] = t(a + "o_proj.bias")
-        if t.has(a + "q_norm.weight"):  # Gemma 3: (1 + w) gains of a per-head RMSNorm
-            out[b + ("attn", "qk_params", "q_scale")] = 1.0 + t(a + "q_norm.weight")
-            out[b + ("attn", "qk_params", "k_scale")] = 1.0 + t(a + "k_norm.weight")
-        m = p + mlp + "."
-        if t.has(m + "gate_up_proj.weight"):  # Phi-3: [gate; up]
-            gate, up = np.split(t(m + "gate_up_proj.weight"), 2)
-        else:
-            gate, up = t(m + "gate_proj.weight"), t(m + "up_proj.weight")
-        out[b + ("mlp", "w1")], out[b + ("mlp", "w3")] = gate.T, up.T
-        out[b + ("mlp", "w2")] = t(m + "down_proj.weight").T
-        if spec.bias == "all":
-            out[b + ("mlp", "b1")] = t(m + "gate_proj.bias")
-            out[b + ("mlp", "b3")] = t(m + "up_proj.bias")
-            out[b + ("mlp", "b2")] = t(m + "down_proj.bias")
-        _norm(out, b + ("norm1",), t, p + "input_layernorm", "rms")
-        if gemma:
-            _norm(out, b + ("norm1_out",), t, p + "post_attention_layernorm", "rms")
-            _norm(out, b + ("norm2",), t, p + "pre_feedforward_layernorm", "rms")
-            _norm(out, b + ("norm2_out",), t, p + "post_feedforward_layernorm", "rms")
-        else:
-            _norm(out, b + ("norm2",), t, p + "post_attention_layernorm", "rms")
-    t.done()
-    return out
-
-
-def _fused_qkv(out, b, t, name, spec):
-    """GPT-NeoX / BLOOM query_key_value: per head [q | k | v] (view [..., H, 3, Dh])."""
-    H, Dh = spec.num_heads, spec.head_dim
-    w = t(name + ".weight").reshape(H, 3, Dh, -1)
-    bias = t(name + ".bias").reshape(H, 3, Dh)
-    for j, n in enumerate("qkv"):
-        out[b + ("attn", f"w{n}")] = np.transpose(w[:, j], (2, 0, 1))
-        out[b + ("attn", "biases", n)] = bias[:, j]
-
-
-def _neox_like_params(hf, tensors, spec, *, root, embed, head, final, attn):
-    t, out = _Tensors(tensors), {}
-    H, Dh = spec.num_heads, spec.head_dim
-    _head(out, spec, t, f"{root}.{embed}.weight", head)
-    _norm(out, ("final_norm",), t, f"{root}.{final}", "layer")
-    if spec.norm.embed_norm:
-        _norm(out, ("embed_norm",), t, f"{root}.word_embeddings_layernorm", "layer")
-    layers = "h" if root == "transformer" else "layers"
-    for i in range(spec.num_layers):
-        p, b = f"{root}.{layers}.{i}.", ("blocks", i)
-        _fused_qkv(out, b, t, p + attn + ".query_key_value", spec)
-        out[b + ("attn", "wo")] = _heads_out(t(p + attn + ".dense.weight"), H, Dh)
-        out[b + ("attn", "biases", "o")] = t(p + attn + ".dense.bias")
-        out[b + ("mlp", "w1")] = t(p + "mlp.dense_h_to_4h.weight").T
-        out[b + ("mlp", "b1")] = t(p + "mlp.dense_h_to_4h.bias")
-        out[b + ("mlp", "w2")] = t(p + "mlp.dense_4h_to_h.weight").T
-        out[b + ("mlp", "b2")] = t(p + "mlp.dense_4h_to_h.bias")
-        _norm(out, b + ("norm1",), t, p + "input_layernorm", "layer")
-        _norm(out, b + ("norm2",), t, p + "post_attention_layernorm", "layer")
-    t.done()
-    return out
-
-
-def _neox_params(hf, tensors, spec):
-    return _neox_like_params(hf, tensors, spec, root="gpt_neox", embed="embed_in",
-                             head="embed_out.weight", final="final_layer_norm", attn="attention")
-
-
-def _bloom_params(hf, tensors, spec):
-    tensors = {k if k.startswith("transformer.") or k == "lm_head.weight" else f"transformer.{k}": v
-               for k, v in tensors.items()}  # some BLOOM checkpoints drop the prefix
-    return _neox_like_params(hf, tensors, spec, root="transformer", embed="word_embeddings",
-                             head="lm_head.weight", final="ln_f", attn="self_attention")
-
+_P = hf_params
+_reordered = functools.partial(_P.llama_params, norms=_P.REORDERED_NORMS)
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family("llama3", _llama_like("llama3"), _llama_params),
-    "mistral": Family("mistral", _llama_like("mistral"), _llama_params),
-    "qwen2": Family("qwen2", _llama_like("qwen2"), _llama_params),
-    "phi3": Family("phi3", _llama_like("phi3"), _llama_params),
-    "gemma2": Family("gemma2", _gemma("gemma2"), _llama_params),
-    "gemma3_text": Family("gemma3", _gemma("gemma3"), _llama_params),
+    "llama": Family("llama3", _llama_like("llama3"), _P.llama_params),
+    "mistral": Family("mistral", _llama_like("mistral"), _P.llama_params),
+    "qwen2": Family("qwen2", _llama_like("qwen2"), _P.llama_params),
+    "qwen3": Family("qwen3", _llama_like("qwen3"), _P.llama_params),
+    "phi3": Family("phi3", _llama_like("phi3"), _P.llama_params),
+    "smollm3": Family("smollm3", _smollm3_fields, _P.llama_params),
+    "gemma2": Family("gemma2", _gemma("gemma2"), _P.llama_params),
+    "gemma3_text": Family("gemma3", _gemma("gemma3"), _P.llama_params),
     "llama4_text": Family("llama4", _llama4_fields,
-                          lambda hf, t, s: _llama_params(hf, t, s, mlp="feed_forward")),
-    "gpt_neox": Family("gpt_neox", _neox_fields, _neox_params),
-    "bloom": Family("bloom", _bloom_fields, _bloom_params),
+                          functools.partial(_P.llama_params, mlp="feed_forward")),
+    "olmo2": Family("olmo2", _olmo2_fields, _reordered),
+    "olmo3": Family("olmo3", _olmo3_fields, _reordered),
+    "exaone4": Family("exaone4", _exaone4_fields, _reordered),
+    "glm4": Family("glm4", _glm4_fields, functools.partial(_P.llama_params, norms=_P.GLM4_NORMS)),
+    "cohere2": Family("cohere2", _cohere2_fields,
+                      functools.partial(_P.llama_params, norms=_P.PARALLEL_NORMS)),
+    "gpt_neox": Family("gpt_neox", _neox_fields, _P.neox_params),
+    "bloom": Family("bloom", _bloom_fields, _P.bloom_params),
 }
 
 

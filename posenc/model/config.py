@@ -143,6 +143,8 @@ class Model(Section):
                                                       "Gemma: 1 / sqrt(query_pre_attn_scalar))")
     dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
     tie_embeddings = Field(True, checks.boolean, "the head is the transposed token embedding")
+    output_multiplier = Field(1.0, checks.positive, "multiply the output logits before the final soft-cap "
+                                                    "(Cohere's logit_scale; 1 = off)")
     dtype = Field("float32", checks.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "
                                                       "float32 | bfloat16 (params stay float32)")
     attention_block = Field(512, checks.positive_int, "query / key block of the memory-efficient attention")

@@ -4,8 +4,9 @@
 :class:`~posenc.model.spec.ModelSpec`, or a ModelSpec): token embedding (optional
 sqrt(D) scale), an input position embedding when the kind has one, N blocks
 of attention + MLP with any norm placement, a final norm when the placement
-has one, a tied or untied head, optional final-logit soft-capping. Params
-are float32; compute runs in ``model.dtype``; logits are float32.
+has one, a tied or untied head, an optional output-logit multiplier (Cohere) and
+final-logit soft-capping. Params are float32; compute runs in ``model.dtype``;
+logits are float32.
 
 Token embeddings and the untied head use N(0, 0.02) (GPT-2); projections
 LeCun normal (DeepNorm: xavier normal, gain beta for v, out and MLP).
@@ -37,6 +38,7 @@ class Decoder(nnx.Module):
         self.num_kv_heads, self.head_dim = spec.num_kv_heads, spec.head_dim
         self.embed_scale = spec.norm.embed_scale
         self.final_softcap = spec.norm.final_softcap
+        self.output_multiplier = spec.output_multiplier
         pos = spec.position
         # Units share parameters (T5's table) with the first unit of the same kind and options.
         first: dict[tuple, encoding_lib.Encoding] = {}
@@ -131,6 +133,8 @@ class Decoder(nnx.Module):
         w = self.embedding[...].T if self.head is None else self.head[...]
         logits = jnp.einsum("bld,dv->blv", x, w.astype(self.dtype),
                             preferred_element_type=jnp.float32)
+        if self.output_multiplier != 1.0:  # decided at trace time: 1 adds nothing
+            logits = logits * self.output_multiplier
         if self.final_softcap:
             logits = norms.softcap(logits, self.final_softcap)
         return logits.astype(jnp.float32)

@@ -96,6 +96,45 @@ PRESETS: dict[str, dict] = {
     "bloom": {"model.position.kind": "alibi", "model.norm.kind": "layer", "model.norm.eps": 1e-5,
               "model.norm.embed_norm": True, "model.bias": "all", "model.mlp": "gelu",
               "model.tie_embeddings": True},
+    # Qwen3 (dense): Qwen2's layers without biases, with a per-head RMSNorm of q and k before RoPE
+    "qwen3": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.position.rope.base": 1e6,
+              "model.norm.qk_norm": "rms"},
+    # OLMo 2: the norms on the sublayer outputs (x + N(F(x)), "reordered"), RMSNorm of the whole
+    # q / k projection, RoPE 500k
+    "olmo2": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.norm.placement": "reordered",
+              "model.norm.qk_norm": "rms_full", "model.position.rope.base": 500000.0},
+    # OLMo 3: OLMo 2's layers, 3 sliding-window (4096) : 1 global (posenc.hf reads each layer
+    # type's RoPE, e.g. YaRN on the global layers of the long-context checkpoints)
+    "olmo3": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.norm.placement": "reordered",
+              "model.norm.qk_norm": "rms_full", "model.position.rope.base": 500000.0,
+              "model.num_layers": 4, "model.attention_span": "window",
+              "model.attention_window": 4096, "model.global_every": 4},
+    # SmolLM3: Llama-like, every 4th layer NoPE, tied head, RoPE 5M
+    "smollm3": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.position.rope.base": 5e6,
+                "model.tie_embeddings": True, "model.num_layers": 4,
+                "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},)},
+    # GLM-4 (0414): sandwich RMSNorms, q / k / v biases, RoPE on half of each head in pairs (2i, 2i + 1)
+    "glm4": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.norm.placement": "sandwich",
+             "model.bias": "qkv", "model.position.rope.base": 10000.0,
+             "model.position.rope.layout": "interleaved", "model.position.rope.rotary_fraction": 0.5},
+    # Cohere 2 (Command R7B / A): one LayerNorm without bias feeding parallel attention and MLP,
+    # 3 sliding-window (4096) RoPE layers : 1 global NoPE layer, interleaved RoPE pairs, tied head,
+    # output logits times logit_scale (transformers' default 0.0625; posenc.hf reads the checkpoint's)
+    "cohere2": {"model.position.kind": "rope", "model.position.rope.base": 50000.0,
+                "model.position.rope.layout": "interleaved", "model.norm.kind": "layer_nobias",
+                "model.norm.eps": 1e-5, "model.norm.placement": "pre", "model.parallel_residual": True,
+                "model.mlp": "swiglu", "model.tie_embeddings": True, "model.num_layers": 4,
+                "model.attention_span": "window", "model.attention_window": 4096,
+                "model.global_every": 4,
+                "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},),
+                "model.output_multiplier": 0.0625},
+    # EXAONE 4.0: OLMo 2's reordered norms with a per-head QK RMSNorm, 3 sliding-window (4096)
+    # RoPE layers : 1 global NoPE layer
+    "exaone4": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.norm.placement": "reordered",
+                "model.norm.qk_norm": "rms", "model.position.rope.base": 1e6,
+                "model.num_layers": 4, "model.attention_span": "window",
+                "model.attention_window": 4096, "model.global_every": 4,
+                "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},)},
     # T5-style relative bias with unscaled logits (T5 folds 1 / sqrt(d) into its init), RMSNorm,
     # gated GELU (T5 v1.1), one bias table shared by every layer
     "t5": {"model.position.kind": "t5", "model.attention_scale": 1.0, "model.norm.kind": "rms",

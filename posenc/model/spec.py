@@ -93,6 +93,7 @@ class ModelSpec:
     attention_causal_block: int
     position: PositionSpec
     norm: NormSpec
+    output_multiplier: float = 1.0  # the output logits times this (Cohere's logit_scale)
     layout: layout_lib.Layout | None = None  # per-layer spans, QK-norm, logit scaling (resolved)
 
     @classmethod
@@ -157,7 +158,7 @@ def _spec(cfg, train_length) -> ModelSpec:
         tie_embeddings=bool(cfg.tie_embeddings), dtype=dtype,
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
-        position=position, norm=norm,
+        position=position, norm=norm, output_multiplier=float(cfg.output_multiplier),
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )

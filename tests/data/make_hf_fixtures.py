@@ -4,13 +4,16 @@ Not run by the test suite (it needs torch and transformers). Made in a separate 
 
     python3.11 -m venv /work/hfenv
     /work/hfenv/bin/pip install torch==2.13.0 transformers==5.24.0 safetensors==0.8.0
-    /work/hfenv/bin/python tests/data/make_hf_fixtures.py
+    /work/hfenv/bin/python tests/data/make_hf_fixtures.py [family ...]
 
+Named families are rewritten and the other folders left as they are (no name: every family). Each
+family's weights are drawn with the seed of its place in ``configs()``, so new families go last.
 The committed fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), safetensors 0.8.0
-and Python 3.11.7. Gemma 3 text (``Gemma3TextConfig``, ``Gemma3ForCausalLM``) is in transformers
-since 4.50 and Llama 4 text (``Llama4TextConfig``, ``Llama4ForCausalLM``) since 4.51; this script
-writes the 5.x config form (``rope_parameters``, per layer type for Gemma 3), so it needs 5.x
-(posenc.hf reads the 4.x form too).
+and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2 and exaone4: Python 3.11.2 with
+the same transformers, torch and safetensors). Gemma 3 text (``Gemma3TextConfig``,
+``Gemma3ForCausalLM``) is in transformers since 4.50 and Llama 4 text (``Llama4TextConfig``,
+``Llama4ForCausalLM``) since 4.51; this script writes the 5.x config form (``rope_parameters``, per
+layer type for Gemma 3 and OLMo 3), so it needs 5.x (posenc.hf reads the 4.x form too).
 
 Each model comes from its HF config with ``AutoModelForCausalLM.from_config`` (no download),
 eager attention, float32. The weights are drawn again with larger scales than HF's init (linear
@@ -31,6 +34,7 @@ that every term moves the logits. Each folder holds ``config.json`` and ``model.
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -92,6 +96,42 @@ def configs():
                                               "short_factor": short, "long_factor": long},
                              **COMMON),
         "bloom": c.BloomConfig(hidden_size=48, n_layer=2, n_head=6, **COMMON),
+        "qwen3": c.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                               max_position_embeddings=64, **COMMON),
+        "olmo2": c.Olmo2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2,
+                               rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                               max_position_embeddings=64, **COMMON),
+        "smollm3": c.SmolLM3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   no_rope_layer_interval=4,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 2e6},
+                                   max_position_embeddings=64, **COMMON),
+        "olmo3": c.Olmo3Config(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, sliding_window=8,
+            rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5,
+                                                "original_max_position_embeddings": 16},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}},
+            max_position_embeddings=64, **COMMON),
+        "glm4": c.Glm4Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.5},
+                             max_position_embeddings=64, **COMMON),
+        "cohere2": c.Cohere2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+                                   logit_scale=0.5,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                                   max_position_embeddings=64, **COMMON),
+        "exaone4": c.Exaone4Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+                                   sliding_window_pattern=4,
+                                   rope_parameters={**llama3, "rope_theta": 1e6},
+                                   max_position_embeddings=64, **COMMON),
     }
 
 
@@ -111,12 +151,17 @@ def redraw(model, seed):
                 p.copy_(offset + 0.1 * torch.randn(p.shape, generator=g))
 
 
-def main():
+def main(families):
+    """Write the folders of ``families`` (every family when empty); the others stay as they are."""
     torch.manual_seed(0)
     tokens = torch.from_numpy(np.random.default_rng(0).integers(3, V, (2, L))).long()
-    if os.path.isdir(HERE):
-        shutil.rmtree(HERE)
-    for i, (family, config) in enumerate(configs().items()):
+    every = configs()
+    unknown = sorted(set(families) - set(every))
+    if unknown:
+        raise SystemExit(f"unknown families {unknown}; choose from {', '.join(every)}")
+    for i, (family, config) in enumerate(every.items()):  # the seed is the place in this list
+        if families and family not in families:
+            continue
         config._attn_implementation = "eager"
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
                                                  dtype=torch.float32).eval()
@@ -132,6 +177,8 @@ def main():
                 cached.append(step.logits[:, -1].float().numpy())
             cached = np.stack(cached, axis=1)
         out = os.path.join(HERE, family)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
         model.save_pretrained(out, safe_serialization=True)
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(out, extra)):
@@ -147,4 +194,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
