@@ -30,6 +30,7 @@ CHANGES = {
     "train.eps": 1e-8,
     "train.z_loss": 1e-4,
     "train.pose_length": 48,
+    "train.qk_clip": 30.0,
     "train.seed": 1,
     "train.steps_per_call": 3,
     "train.fit_accuracy": 0.9,

@@ -183,7 +183,7 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
     row_valid = mask.any(-1)[..., None]  # [Lq, 1]
     ent = jnp.log(l_safe) + jnp.sum(w * (m - s), axis=-1, keepdims=True)
     rows = jnp.broadcast_to(row_valid, ent.shape)
-    return out, (jnp.max(jnp.where(rows, m, -jnp.inf)), jnp.sum(jnp.where(rows, ent, 0.0)),
+    return out, (jnp.max(jnp.where(rows, m, -jnp.inf), axis=(0, 2, 3)), jnp.sum(jnp.where(rows, ent, 0.0)),
                  rows.sum())
 
 
@@ -202,7 +202,8 @@ def weight_stats(logits, weights, visible, *, rest=None):
     if rest is not None:
         ent = ent - jnp.where(rest > 0, rest * jnp.log(jnp.where(rest > 0, rest, 1.0)), 0.0)
     rows = visible.any(-1)
-    return {"max_attention_logit": jnp.max(jnp.where(visible, logits, _NEG)),
+    per_head = jnp.max(jnp.where(visible, logits, _NEG), axis=(0, 2, 3))
+    return {"max_attention_logit": jnp.max(per_head), "max_logit_per_head": per_head,
             "attention_entropy": jnp.sum(jnp.where(rows, ent, 0.0)) / jnp.maximum(rows.sum(), 1)}
 
 
@@ -251,15 +252,15 @@ def dense_attention(q, k, v, q_positions, k_positions, encoding, call: Attention
     out = jnp.concatenate(outs, axis=1)
     if not return_stats:
         return out
-    return _finish_stats((out, (jnp.max(jnp.stack([p[0] for p in parts])),
+    return _finish_stats((out, (jnp.max(jnp.stack([p[0] for p in parts]), axis=0),
                                 sum(p[1] for p in parts), sum(p[2] for p in parts))), True)
 
 
 def _finish_stats(res, return_stats):
     if not return_stats:
         return res
-    out, (max_logit, ent_sum, rows) = res
-    return out, {"max_attention_logit": max_logit,
+    out, (per_head, ent_sum, rows) = res
+    return out, {"max_attention_logit": jnp.max(per_head), "max_logit_per_head": per_head,
                  "attention_entropy": ent_sum / jnp.maximum(rows, 1)}
 
 
@@ -369,8 +370,10 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, call: Attenti
         return out
     valid = (jnp.arange(nq * bq) < Lq).reshape(nq, 1, 1, bq)
     count = valid.sum() * B * H
+    per_head = jnp.max(jnp.where(valid, m, _NEG), axis=(0, 1, 3))
     stats = {
-        "max_attention_logit": jnp.max(jnp.where(valid, m, _NEG)),
+        "max_attention_logit": jnp.max(per_head),
+        "max_logit_per_head": per_head,
         "attention_entropy": jnp.sum(jnp.where(valid, ent, 0.0)) / count,
     }
     return out, stats

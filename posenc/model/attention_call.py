@@ -56,7 +56,7 @@ class AttentionCall:
       block: query / key block size of the blocked path.
       causal_block: dense path only: causal query blocks of this size attend to the keys
         up to their diagonal only (0 = one block; ``attention.dense_attention``).
-      stats: also return ``max_attention_logit`` and ``attention_entropy``.
+      stats: also return ``max_attention_logit``, ``max_logit_per_head`` [H] and ``attention_entropy``.
     """
 
     scale: Any

@@ -257,10 +257,12 @@ def _pair(res, return_stats):
 
 
 def _collect_stats(layer_stats, logits):
-    """Max attention logit over layers, mean entropy over layers, output logit stats."""
+    """Max attention logit over layers, mean entropy over layers, output logit stats; and
+    ``max_logit_per_head`` [num_layers, H], each layer's largest logit per query head (QK-Clip)."""
     out = {
         "max_attention_logit": jnp.max(jnp.stack([s["max_attention_logit"] for s in layer_stats])),
         "attention_entropy": jnp.mean(jnp.stack([s["attention_entropy"] for s in layer_stats])),
+        "max_logit_per_head": jnp.stack([s["max_logit_per_head"] for s in layer_stats]),
     }
     ls = diagnostics.logit_stats(logits)
     out["logit_mean"], out["log_z"] = ls["mean"], ls["log_z"]

@@ -94,6 +94,9 @@ class Train(Section):
     b2 = Field(0.98, _beta, "Adam beta2")
     eps = Field(1e-9, checks.positive, "Adam epsilon")
     z_loss = Field(0.0, checks.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
+    qk_clip = Field(0.0, checks.nonnegative, "QK-Clip (Kimi K2): after each step, scale the query and key weights "
+                    "of every head whose largest logit passed this threshold back to it (100 in the report; "
+                    "0 = off)")
     pose_length = Field(0, checks.nonnegative_int, "PoSE (Zhu et al. 2024): train on task.train_length windows whose "
                         "positions skip so that distances up to this length occur (0 = off; >= task.train_length)")
     seed = Field(0, checks.nonnegative_int, "model init and data keys")

@@ -129,6 +129,7 @@ class TrainSpec:
     optimizer: OptimizerSpec
     z_loss: float
     fsdp: bool  # shard parameters and moments (with a mesh)
+    qk_clip: float = 0.0  # QK-Clip threshold (0: off)
 
     @classmethod
     def from_config(cls, config, task_spec: TaskSpec | None = None) -> TrainSpec:
@@ -138,7 +139,8 @@ class TrainSpec:
         return cls(task=task_spec or TaskSpec.from_config(config), train_length=int(config.task.train_length),
                    min_size=int(config.task.min_size) or None, batch_size=int(train.batch_size),
                    positions=positions, optimizer=OptimizerSpec.from_train(train),
-                   z_loss=float(train.z_loss), fsdp=bool(mesh is not None and mesh.get("fsdp", False)))
+                   z_loss=float(train.z_loss), fsdp=bool(mesh is not None and mesh.get("fsdp", False)),
+                   qk_clip=float(train.get("qk_clip", 0.0)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,7 +54,7 @@ import optax
 from flax import nnx
 
 from posenc.encodings import absolute, pose
-from posenc.norms import z_loss
+from posenc.norms import qk_clip, z_loss
 from posenc.training import optim, specs
 from posenc.training import sharding as sharding_lib
 
@@ -138,8 +138,12 @@ def _train_step(spec: specs.TrainSpec, mesh=None):
         def loss_fn(params):
             m = nnx.merge(mgraph, params, rest)
             # the input unit's training randomness (Abacus's offset): a key apart from the data's
-            logits = m(batch["inputs"], positions, deterministic=False, key=jax.random.fold_in(key, 1))
+            out = m(batch["inputs"], positions, deterministic=False, key=jax.random.fold_in(key, 1),
+                    return_stats=bool(spec.qk_clip))
+            logits, stats = out if spec.qk_clip else (out, None)
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
+            if spec.qk_clip:  # the step's own forward: its largest logit per layer and head
+                metrics["max_logit_per_head"] = jax.lax.stop_gradient(stats["max_logit_per_head"])
             zl = (z_loss.z_loss(logits, weight=z_weight, mask=batch["mask"])
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
             total = metrics["loss"] + zl
@@ -151,12 +155,35 @@ def _train_step(spec: specs.TrainSpec, mesh=None):
         metrics["lr"] = schedule(optimizer.step[...])
         optimizer.update(model, grads)
         model.constrain()
+        if spec.qk_clip:
+            metrics["qk_clipped_heads"] = _qk_clip(model, metrics.pop("max_logit_per_head"), spec.qk_clip)
         new_state = nnx.state((model, optimizer))
         if mesh is not None:
             new_state = sharding_lib.constrain_state(new_state, mesh, fsdp=fsdp)
         return new_state, metrics
 
     return step
+
+
+def _qk_clip(model, max_logits, threshold: float):
+    """QK-Clip (Kimi K2, MuonClip): rescale each head's query and key weights (and biases) after the step.
+
+    ``max_logits`` [num_layers, H]: the largest pre-softmax logit of each layer's query heads in
+    the step's forward. Per key head (its group of query heads), ``gamma = min(1, threshold /
+    the group's largest logit)``; the group's query weights are scaled by ``gamma ** 0.5`` and the
+    key head's by ``gamma ** 0.5`` (:func:`posenc.qk_clip.clip_scales`, as Megatron-LM's
+    ``qk_clip``), so those logits shrink by gamma. Returns the number of query heads whose logit
+    passed the threshold (float32).
+    """
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        q_scale, k_scale = qk_clip.clip_scales(max_logits[i], num_kv_heads=attn.num_kv_heads, threshold=threshold)
+        attn.wq[...] = qk_clip.scale_heads(attn.wq[...], q_scale, head_axis=1)
+        attn.wk[...] = qk_clip.scale_heads(attn.wk[...], k_scale, head_axis=1)
+        for name, scale in (("q", q_scale), ("k", k_scale)):
+            if name in attn.biases:
+                attn.biases[name][...] = qk_clip.scale_heads(attn.biases[name][...], scale, head_axis=0)
+    return jnp.sum(max_logits > threshold).astype(jnp.float32)
 
 
 def _stats_step(spec: specs.TrainSpec, mesh=None):
@@ -168,7 +195,7 @@ def _stats_step(spec: specs.TrainSpec, mesh=None):
         # deterministic=False: the same dropout masks would need the step's RNG state;
         # statistics of the deterministic forward are what the diagnostics mean.
         _, model_stats = model(batch["inputs"], positions, deterministic=True, return_stats=True)
-        return {k: jnp.asarray(v, jnp.float32) for k, v in model_stats.items()}
+        return {k: jnp.asarray(v, jnp.float32) for k, v in model_stats.items() if jnp.ndim(v) == 0}
 
     return stats
 

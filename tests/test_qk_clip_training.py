@@ -1,0 +1,56 @@
+"""train.qk_clip: the train step rescales each head's query and key weights by the rule of
+posenc.qk_clip (Kimi K2 / Megatron-LM), from the largest logits of the step's own forward."""
+
+import importlib
+
+import jax
+import numpy as np
+import pytest
+
+from posenc import qk_clip
+from posenc.config.schema import ConfigError
+from posenc.training import loop, prepare
+from posenc.training import step as step_lib
+
+
+def _config(threshold=0.0):
+    c = importlib.import_module("posenc.configs.default").get_config("tiny")
+    c.model.update(num_layers=2, num_heads=4, num_kv_heads=2, bias="qkv")  # grouped heads; biases scaled too
+    c.train.update(batch_size=4, learning_rate=3e-2, warmup_steps=0, qk_clip=threshold)
+    return c
+
+
+def _step(r, key):
+    model, _, graphdef, state = loop.init_state(r)
+    batch, positions = step_lib._train_batch(r.train, key, None)
+    _, stats = model(batch["inputs"], positions, return_stats=True)
+    state, metrics = step_lib.train_step_fn(r.train)(graphdef, state, key)
+    model, _ = __import__("flax").nnx.merge(graphdef, state)
+    return model, np.asarray(stats["max_logit_per_head"]), metrics
+
+
+def test_the_step_clips_exactly_the_heads_whose_logit_passed_the_threshold():
+    key = jax.random.key(5)
+    plain, logits, _ = _step(prepare.resolve(_config()), key)
+    assert logits.shape == (2, 4)  # [layers, heads]
+    threshold = float(np.median(logits))  # some heads above it, some below
+    clipped, logits_c, metrics = _step(prepare.resolve(_config(threshold)), key)
+    np.testing.assert_allclose(logits_c, logits, rtol=1e-5)  # the same forward
+    assert float(metrics["qk_clipped_heads"]) == float((logits > threshold).sum()) > 0
+    scales = [qk_clip.clip_scales(layer, num_kv_heads=2, threshold=threshold) for layer in logits]
+    q_all = np.concatenate([np.asarray(q) for q, _ in scales])
+    assert 0 < q_all.min() < 1 and q_all.max() == 1.0  # some groups clipped, some not
+    for (a, b), (q_scale, k_scale) in zip(zip(plain.blocks, clipped.blocks), scales):
+        np.testing.assert_allclose(b.attn.wq[...], qk_clip.scale_heads(a.attn.wq[...], q_scale, head_axis=1),
+                                   rtol=5e-3, atol=1e-3)
+        np.testing.assert_allclose(b.attn.wk[...], qk_clip.scale_heads(a.attn.wk[...], k_scale, head_axis=1),
+                                   rtol=5e-3, atol=1e-3)
+        np.testing.assert_allclose(b.attn.biases["q"][...],
+                                   qk_clip.scale_heads(a.attn.biases["q"][...], q_scale, head_axis=0),
+                                   rtol=5e-3, atol=1e-3)
+        np.testing.assert_allclose(b.attn.wv[...], a.attn.wv[...], rtol=5e-3, atol=1e-3)  # values untouched
+
+
+def test_a_negative_threshold_fails_in_one_line():
+    with pytest.raises(ConfigError, match="train.qk_clip"):
+        prepare.resolve(_config(-1.0))
