@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from posenc import alibi, fire, kerple, t5
+from posenc import alibi, fire, hard_alibi, kerple, t5
 from posenc.kernels import flash_attention, score_term, supported, terms
 from posenc.kernels import flash_kernels as fk
 
@@ -141,6 +141,7 @@ def test_term_tiles_equal_the_pure_biases():
     params = _fire_params(4, H, hidden=8)
     legacy = _fire_params(8, H, hidden=8, legacy_threshold=-30.0)
     c, ck = _normal(5, (2, H, 12)), _normal(6, (2, H, 10))
+    windows = jnp.array([1, 40, 0])  # the last head has no window (NoPE)
 
     @jax.jit
     def both():
@@ -155,12 +156,18 @@ def test_term_tiles_equal_the_pure_biases():
             (terms.fire(params, init_L=40.0), fire.bias(qp, kp, params, init_L=40.0)),
             (terms.fire(legacy), fire.bias(qp, kp, legacy)),
             (terms.fox(c, ck), c[..., :, None] - ck[..., None, :]),
+            (terms.hard_alibi(windows), hard_alibi.bias(qp, kp, windows)),
+            (terms.hard_alibi(windows, causal=False), hard_alibi.bias(qp, kp, windows, causal=False)),
         ]
         return [(score_term.dense(t, qp, kp), want) for t, want in cases]
 
-    names = ["alibi", "alibi", "t5", "t5", "kerple_log", "kerple_power", "fire", "fire", "fox"]
-    for name, (got, want) in zip(names, both()):
-        if name == "t5":
+    names = ["alibi", "alibi", "t5", "t5", "kerple_log", "kerple_power", "fire", "fire", "fox",
+             "hard_alibi", "hard_alibi"]
+    for name, (got, want) in zip(names, both(), strict=True):
+        if name == "hard_alibi":  # the pure -inf is the kernel's finite HIDDEN (terms must be finite)
+            assert float(jnp.mean(jnp.isinf(want))) > 0.2
+            np.testing.assert_array_equal(got, jnp.where(jnp.isinf(want), terms.HIDDEN, want))
+        elif name == "t5":
             np.testing.assert_array_equal(got, want)  # bucket boundaries bit for bit
         else:
             _close(name, got, want, rtol=2e-6, atol=2e-6)
@@ -306,6 +313,29 @@ def test_nope_causal_under_vmap_and_grad():
 
     (_, got), g_got = _value_and_grads(kernel, w)(q, k, v, ())
     (_, want), g_want = _value_and_grads(reference, w)(q, k, v, ())
+    _close("out", got, want, rtol=1e-5, atol=1e-5)
+    _close_tree(g_got, g_want, rtol=1e-4, atol=1e-5)
+
+
+def test_values_narrower_than_queries_and_keys():
+    """v [.., Dv] with Dv < Dh of q and k (PoPE's polar q, k): the kernel zero-pads v and returns
+    [.., Dv]; values and gradients equal the dense reference. GQA 4/2, a causal term."""
+    B, L, H, K, D, Dv = 1, 12, 4, 2, 12, 5
+    q, k, v, _ = _inputs(50, B, L, L, H, K, D)
+    v, w = v[..., :Dv], _normal(54, (B, L, H, Dv))
+    pos = jnp.arange(L)[None]
+    windows = jnp.array([1, 3, 0, 0])
+
+    def kernel(q, k, v, _):
+        return flash_attention(q, k, v, q_positions=pos, k_positions=pos, scale=0.3, block_q=8,
+                               block_k=8, score_terms=terms.hard_alibi(windows), interpret=True)
+
+    def reference(q, k, v, _):
+        return dense_reference(q, k, v, hard_alibi.bias(pos, pos, windows), scale=0.3)
+
+    (_, got), g_got = _value_and_grads(kernel, w)(q, k, v, ())
+    (_, want), g_want = _value_and_grads(reference, w)(q, k, v, ())
+    assert got.shape == (B, L, H, Dv)
     _close("out", got, want, rtol=1e-5, atol=1e-5)
     _close_tree(g_got, g_want, rtol=1e-4, atol=1e-5)
 

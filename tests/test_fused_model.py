@@ -23,11 +23,13 @@ from flax import nnx
 
 import helpers
 from posenc.model import ENCODINGS, Decoder, ModelSpec, fused
-from posenc.model.encoding import overrides
+from posenc.model.encoding import overrides, read_options
 
 B, L = 2, 12
 # Every unit with logit terms in the kernel (the registry decides).
 KINDS = tuple(sorted(k for k, c in ENCODINGS.items() if overrides(c, "kernel_terms")))
+# Those a soft-cap may follow (not Hard-ALiBi's hidden keys), and PoPE: q, k wider than v.
+CAPPED = tuple(k for k in KINDS if not ENCODINGS[k].hides_keys(read_options(k, None))) + ("pope",)
 
 
 def accelerator(test):
@@ -100,12 +102,13 @@ def _names(fn, *args):
 # ---------------------------------------------------------------- kernel == XLA path
 
 def test_pallas_model_equals_the_dense_path_values_and_parameter_gradients(interpreted):
-    """One layer per unit with kernel terms, GQA 4/2, soft-capped logits."""
-    assert {"alibi", "t5", "kerple_log", "kerple_power", "fire"} <= set(KINDS)
+    """One layer per unit with kernel terms (but those hiding keys: no soft-cap for them) and a
+    PoPE layer, GQA 4/2, soft-capped logits."""
+    assert {"alibi", "t5", "kerple_log", "kerple_power", "fire", "pope"} <= set(CAPPED)
     tokens = helpers.tokens(B, L)
     results = {}
     for impl in ("dense", "pallas"):
-        model = _perturbed(_model(impl, norm=dict(attn_softcap=6.0)))
+        model = _perturbed(_model(impl, CAPPED, norm=dict(attn_softcap=6.0)))
         loss, params = _loss_fn(model, tokens)
         (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
         results[impl] = (value, logits, grads)
@@ -117,7 +120,7 @@ def test_pallas_model_equals_the_dense_path_values_and_parameter_gradients(inter
         atol = 1e-4 * float(jnp.abs(want).max())  # float32 sums in another order (cancelling)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol, err_msg=jax.tree_util.keystr(path))
     # every unit's parameters get a gradient through the kernel (not zeros that match zeros)
-    for i, kind in enumerate(KINDS):
+    for i, kind in enumerate(CAPPED):
         attn = g_p["blocks"][i]["attn"]
         unit = jax.tree.leaves(attn["encoding"]) if "encoding" in attn else []
         if kind == "alibi":
@@ -128,8 +131,8 @@ def test_pallas_model_equals_the_dense_path_values_and_parameter_gradients(inter
 
 def test_cached_decoding_with_the_kernel_equals_the_full_forward(interpreted):
     """Prefill then single steps: traced q_offset and kv_length reach the kernel (FIRE: its
-    normaliser reads the query positions, so a wrong offset would show)."""
-    kinds = ("fire",)
+    normaliser reads the query positions, so a wrong offset would show; Hard-ALiBi: its windows)."""
+    kinds = ("fire", "hard_alibi")
     tokens = helpers.tokens(B, L)
     model = _perturbed(_model("pallas", kinds))
     graphdef, state = nnx.split(model)

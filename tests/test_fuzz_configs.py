@@ -25,6 +25,7 @@ from posenc import norm_names, rope, rope_scaling
 from posenc.config import overrides
 from posenc.model import ENCODINGS
 from posenc.model import config as model_config_lib
+from posenc.model.encoding import read_options
 from posenc.tasks import TASKS
 from posenc.training import loop, prepare
 from posenc.training import step as step_lib
@@ -95,6 +96,8 @@ def valid_fields(draw):
         f.update({f"model.position.rope.{k}": v for k, v in _rope_options(draw, head_dim).items()})
     if kind == "irope":
         f["model.position.irope.nope_every"] = 2
+    if ENCODINGS[kind].hides_keys(read_options(kind, None)):  # a soft-cap would let them through
+        f["model.norm.attn_softcap"] = 0.0
     offset = draw(st.sampled_from([0, 2]))  # positions offset ... offset + LENGTH - 1 (< every table)
     return f, offset
 

@@ -172,3 +172,22 @@ def test_errors():
         pope.frequencies(0)
     with pytest.raises(ValueError, match="q and k must have shape"):
         pope.logits(x, jnp.zeros((3, 3, 4)), jnp.arange(3), jnp.arange(3), jnp.ones(4))
+
+
+def test_exact_phases_hold_the_scores_at_a_million_canonical_ones_drift():
+    q = jnp.asarray(RNG.normal(size=(3, 2, 8)) * 2, jnp.float32)
+    k = jnp.asarray(RNG.normal(size=(5, 2, 8)) * 2, jnp.float32)
+    inv, delta = pope.frequencies(8), jnp.full((2, 8), -0.5)
+    tq, tk = jnp.array([4, 6, 7]), jnp.array([0, 2, 3, 6, 7])
+    base = pope.logits(q, k, tq, tk, inv, bias=delta)
+    via_vectors = jnp.einsum("qhc,khc->hqk", pope.query(q, tq + 10**6, inv),
+                             pope.key(k, tk + 10**6, inv, bias=delta))
+    np.testing.assert_allclose(pope.logits(q, k, tq + 10**6, tk + 10**6, inv, bias=delta), base, atol=5e-5)
+    np.testing.assert_allclose(via_vectors, base, atol=5e-5)
+    # the float32 product t * theta (lucidrains): exact at small positions, off by ~2^-24 t rad far away
+    canonical = pope.logits(q, k, tq, tk, inv, bias=delta, angles="canonical")
+    np.testing.assert_allclose(canonical, base, atol=5e-6)
+    far = pope.logits(q, k, tq + 10**6, tk + 10**6, inv, bias=delta, angles="canonical")
+    assert float(jnp.abs(far - base).max()) > 1e-3
+    with pytest.raises(ValueError, match="angles"):
+        pope.query(q, tq, inv, angles="rounded")

@@ -52,7 +52,8 @@ def _windows(windows) -> jax.Array:
     w = jnp.asarray(windows)
     if w.ndim != 1 or not jnp.issubdtype(w.dtype, jnp.integer):
         raise ValueError(f"windows must be an integer array of shape [H]; got {w.dtype} {w.shape}")
-    if not isinstance(w, jax.core.Tracer) and bool(jnp.any(w < 0)):
+    # numpy on a concrete array: jnp ops on an array closed over by a jit would be traced
+    if not isinstance(w, jax.core.Tracer) and bool((np.asarray(w) < 0).any()):
         raise ValueError(f"windows must be >= 0 (0: no window); got {np.asarray(w).tolist()}")
     return w.astype(jnp.int32)
 

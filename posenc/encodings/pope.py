@@ -39,6 +39,12 @@ and ``PoPE.forward``) differs from the paper, and what posenc does:
   to the keys before grouped-query heads are repeated; posenc's has one row
   per head of ``x`` in :func:`key` (the key heads).
 
+Phases (keyword ``angles``, as ``posenc.rope.apply``): "exact" (default)
+reduces ``t theta_c`` modulo 2 pi from the integer position
+(``posenc.phase``), so scores at positions shifted by 10^6 equal those at 0
+to float32 rounding; "canonical" is the float32 product ``t * theta_c`` of
+lucidrains' code, whose error grows as ``|t theta_c| 2^-24`` rad.
+
 The attention scale is a matter of the caller: lucidrains' attention uses
 ``1 / sqrt(Dh)`` of the original head dimension, not of the doubled one.
 
@@ -55,6 +61,7 @@ import jax.numpy as jnp
 
 from posenc import checks
 from posenc.encodings.absolute import check_positions
+from posenc.encodings.rope import rope
 
 _F32 = jnp.float32
 
@@ -74,7 +81,12 @@ def clamp_bias(bias) -> jax.Array:
     return jnp.clip(jnp.asarray(bias, _F32), -2.0 * math.pi, 0.0)
 
 
-def _encode(x, positions, inv_freq, bias, name: str) -> jax.Array:
+def _phases(positions, inv_freq, angles: str) -> jax.Array:
+    """``positions * inv_freq`` (reduced modulo 2 pi for "exact"), float32 [..., L, 1, r]."""
+    return rope.angles(positions, inv_freq, method=angles)[..., :, None, :]
+
+
+def _encode(x, positions, inv_freq, bias, name: str, angles: str) -> jax.Array:
     x = jnp.asarray(x)
     inv_freq = jnp.asarray(inv_freq, _F32)
     if inv_freq.ndim != 1:
@@ -86,7 +98,7 @@ def _encode(x, positions, inv_freq, bias, name: str) -> jax.Array:
     if positions.shape[-1] != x.shape[-3]:
         raise ValueError(f"positions must have shape [..., L] with L = {x.shape[-3]}; got {positions.shape}")
     r = inv_freq.shape[0]
-    phase = positions.astype(_F32)[..., :, None, None] * inv_freq  # [..., L, 1, r]
+    phase = _phases(positions, inv_freq, angles)  # [..., L, 1, r]
     if bias is not None:
         bias = jnp.asarray(bias)
         if bias.shape != (x.shape[-2], r):
@@ -98,17 +110,17 @@ def _encode(x, positions, inv_freq, bias, name: str) -> jax.Array:
     return jnp.concatenate([polar, x[..., r:].astype(_F32)], axis=-1).astype(x.dtype)
 
 
-def query(x, positions, inv_freq) -> jax.Array:
+def query(x, positions, inv_freq, *, angles: str = "exact") -> jax.Array:
     """Queries as the real vectors ``[mu cos(t theta), mu sin(t theta)]`` (interleaved per component).
 
     ``mu = softplus(x[..., :r])``; components r .. Dh-1 are passed through.
 
     Shapes: x [..., L, H, Dh], positions int [..., L], inv_freq [r] -> [..., L, H, Dh + r].
     """
-    return _encode(x, positions, inv_freq, None, "x")
+    return _encode(x, positions, inv_freq, None, "x", angles)
 
 
-def key(x, positions, inv_freq, *, bias=None) -> jax.Array:
+def key(x, positions, inv_freq, *, bias=None, angles: str = "exact") -> jax.Array:
     """Keys as ``[mu cos(s theta + delta), mu sin(s theta + delta)]``, delta = clip(bias, -2 pi, 0).
 
     ``bias=None`` is delta = 0. ``query(q) . key(k)`` summed over the last
@@ -117,10 +129,10 @@ def key(x, positions, inv_freq, *, bias=None) -> jax.Array:
     Shapes: x [..., L, H, Dh], positions int [..., L], inv_freq [r], bias [H, r]
     -> [..., L, H, Dh + r].
     """
-    return _encode(x, positions, inv_freq, bias, "x")
+    return _encode(x, positions, inv_freq, bias, "x", angles)
 
 
-def logits(q, k, q_positions, k_positions, inv_freq, *, bias=None) -> jax.Array:
+def logits(q, k, q_positions, k_positions, inv_freq, *, bias=None, angles: str = "exact") -> jax.Array:
     """Unscaled PoPE scores in complex form, ``Re[q~_t^H k~_s]`` (+ the passed-through dot product).
 
     ``sum_c softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_c)``,
@@ -138,8 +150,8 @@ def logits(q, k, q_positions, k_positions, inv_freq, *, bias=None) -> jax.Array:
         raise ValueError(f"q and k must have shape [..., L, H, Dh] with the same H, Dh >= len(inv_freq); got "
                          f"{q.shape}, {k.shape} and inv_freq {inv_freq.shape}")
     r = inv_freq.shape[0]
-    tq = check_positions(q_positions, "q_positions").astype(_F32)[..., :, None, None] * inv_freq
-    tk = check_positions(k_positions, "k_positions").astype(_F32)[..., :, None, None] * inv_freq
+    tq = _phases(check_positions(q_positions, "q_positions"), inv_freq, angles)
+    tk = _phases(check_positions(k_positions, "k_positions"), inv_freq, angles)
     if bias is not None:
         bias = jnp.asarray(bias)
         if bias.shape != (k.shape[-2], r):

@@ -285,7 +285,8 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
     """Fused attention with in-kernel position terms (see module doc).
 
     Args:
-      q: [B, Lq, H, Dh]; k, v: [B, Lk, K, Dh] with H % K == 0 (GQA, k/v never repeated).
+      q: [B, Lq, H, Dh]; k, v: [B, Lk, K, Dh] with H % K == 0 (GQA, k/v never repeated);
+        v may be narrower (Dv <= Dh: PoPE's wider q and k), the output then [B, Lq, H, Dv].
       q_positions, k_positions: int [B or 1, Lq], [B or 1, Lk] (read by the terms only).
       score_terms: a Term or a sequence of Terms from ``posenc.kernels.terms`` (summed).
       scale: static float multiplying q.k (fold a learned temperature into q).
@@ -298,13 +299,14 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
         the TPU block specs in Pallas' TPU interpreter.
       backend: "gpu" (Triton) | "tpu" (Mosaic) | None = from the default device.
     Returns:
-      [B, Lq, H, Dh] in q.dtype.
+      [B, Lq, H, Dv] in q.dtype (Dv = Dh unless v is narrower).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
-        raise ValueError(f"q must be [B, Lq, H, Dh] and k, v [B, Lk, K, Dh]; got {q.shape}, "
-                         f"{k.shape}, {v.shape}")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or v.shape[:3] != k.shape[:3] or v.shape[3] > k.shape[3]:
+        raise ValueError(f"q must be [B, Lq, H, Dh] and k, v [B, Lk, K, Dh] (v may be narrower: "
+                         f"Dv <= Dh); got {q.shape}, {k.shape}, {v.shape}")
     B, Lq, H, Dh = q.shape
+    Dv = v.shape[3]  # v is zero-padded to the q / k width below; the padding's output is dropped
     Lk, K = k.shape[1], k.shape[2]
     if k.shape[0] != B or k.shape[3] != Dh:
         raise ValueError(f"k {k.shape} must match q {q.shape} in batch and head dim")
@@ -359,4 +361,4 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
         qpos = jnp.broadcast_to(qpos, (B,) + qpos.shape[1:])
         kpos = jnp.broadcast_to(kpos, (B,) + kpos.shape[1:])
     out = flash_calls.flash(cfg, qt, kt, vt, qpos, kpos, scal, tuple(arrays))
-    return jnp.swapaxes(out[:, :, :Lq, :Dh], 1, 2)
+    return jnp.swapaxes(out[:, :, :Lq, :Dv], 1, 2)

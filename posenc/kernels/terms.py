@@ -1,8 +1,9 @@
-"""Position terms for the fused attention kernel: ALiBi, T5, KERPLE, FIRE, FoX.
+"""Position terms for the fused attention kernel: ALiBi, Hard-ALiBi, T5, KERPLE, FIRE, FoX.
 
 Each constructor returns a :class:`posenc.kernels.score_term.Term` whose
 tile function reproduces the pure module's bias on one block:
-``posenc.alibi.bias``, ``posenc.t5.bias``, ``posenc.kerple.bias``,
+``posenc.alibi.bias``, ``posenc.hard_alibi.bias`` (with the finite
+:data:`HIDDEN` for its -inf), ``posenc.t5.bias``, ``posenc.kerple.bias``,
 ``posenc.fire.bias``; FoX (Lin et al. 2025) adds ``c_i - c_j`` from per-token
 cumulative log forget gates. Parameter transforms that the pure modules apply
 (KERPLE's clamp, FIRE's effective threshold, T5's [num_buckets, H] table layout)
@@ -39,6 +40,32 @@ def alibi(slopes, *, causal: bool = True) -> Term:
     if slopes.ndim != 1:
         raise ValueError(f"slopes must have shape [H]; got {slopes.shape}")
     return make(_alibi_fn, head=(slopes[:, None],), name="alibi",
+                causal=checks.boolean("causal", causal))
+
+
+# ---- Hard-ALiBi (Jelassi et al. 2024) ----
+
+HIDDEN = -1e30  # a key outside a head's window: finite (terms must be), exp(HIDDEN - m) = 0
+
+
+def _hard_alibi_fn(head, shared, q_pos, k_pos, q_vec, k_vec, *, causal):
+    d = distance(q_pos, k_pos).astype(jnp.float32)
+    if not causal:
+        d = jnp.abs(d)
+    w = pick(head[0], 0)
+    return jnp.where((w == 0) | (d < w), 0.0, HIDDEN)
+
+
+def hard_alibi(windows, *, causal: bool = True) -> Term:
+    """Hard-ALiBi: 0 where ``i - j < windows[h]`` (``|i - j|`` when not causal) or the head has
+    window 0, else :data:`HIDDEN`; ``posenc.hard_alibi.bias`` with -inf made finite.
+
+    Shapes: windows int [H] (0: no window).
+    """
+    windows = jnp.asarray(windows)
+    if windows.ndim != 1 or not jnp.issubdtype(windows.dtype, jnp.integer):
+        raise ValueError(f"windows must be an integer array of shape [H]; got {windows.dtype} {windows.shape}")
+    return make(_hard_alibi_fn, head=(windows[:, None],), name="hard_alibi",
                 causal=checks.boolean("causal", causal))
 
 

@@ -148,7 +148,8 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
     Lk = k.shape[1]
     mask = _call_mask(jnp.arange(Lq), jnp.arange(Lk), call)
     plain = not (encoding.has_content_logits or encoding.has_values or encoding.has_feature_bias
-                 or encoding.has_pair_logits or call.softcap or call.stats)
+                 or encoding.has_pair_logits or call.softcap or call.stats
+                 or q.shape[-1] != v.shape[-1])  # jax.nn.dot_product_attention: one head width
     if plain:
         # jax.nn.dot_product_attention picks cuDNN flash attention on GPU when it
         # can; on CPU it is the XLA reference (materialises the logits, float32
@@ -276,8 +277,8 @@ def _pad(x, axis, size):
 def blocked_attention(q, k, v, q_positions, k_positions, encoding, call: AttentionCall):
     """Same result as :func:`dense_attention` in O(B H block^2) memory (see module doc);
     blocks of ``call.block`` queries and keys."""
-    B, Lq, H, Dh = q.shape
-    Lk = k.shape[1]
+    B, Lq, H = q.shape[:3]
+    Lk, Dh = k.shape[1], v.shape[-1]  # q and k may be wider than v (Encoding.qk_head_dim)
     block, causal, q_offset = call.block, call.causal, call.q_offset
     window, chunk, return_stats = call.window, call.chunk, call.stats
     kv_length = call.num_keys(Lk)
@@ -383,7 +384,8 @@ def attention(q, k, v, q_positions, k_positions, encoding, call: AttentionCall):
     """Multi-head attention with a position encoding; dense, blocked or fused (see module doc).
 
     Args:
-      q: [B, Lq, H, Dh]; k, v: [B, Lk, K, Dh] with H % K == 0 (GQA).
+      q: [B, Lq, H, Dq]; k: [B, Lk, K, Dq]; v: [B, Lk, K, Dh] with H % K == 0 (GQA); the
+        queries and keys may be wider than the values (``Encoding.qk_head_dim``: PoPE).
       q_positions, k_positions: int [B | 1, Lq], [B | 1, Lk] (used by the encoding only).
       encoding: a ``posenc.model.encoding.Encoding`` (bias, content_logits, values, ...).
       call: the :class:`AttentionCall` (scale, mask, offsets, span, soft-cap, path,

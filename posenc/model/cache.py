@@ -29,7 +29,7 @@ convolution inputs). PaTH's keys are stored moved through every later token
 
 Layout::
 
-    {"k": (layer 0 [B, S, K, Dh], ...), "v": (...),
+    {"k": (layer 0 [B, S, K, Dk], ...), "v": (layer 0 [B, S, K, Dh], ...),  # Dk: key_dims
      "features": (layer 0 {name: [B, S, ...]}, ...),   # {} for most encodings
      "state": (layer 0 {name: array}, ...),            # {} for most encodings
      "input_state": {name: array},  # the input unit's state ({} for most; Abacus: its digit run)
@@ -44,19 +44,21 @@ import jax.numpy as jnp
 
 
 def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, features=None,
-         states=None, input_state=None):
+         states=None, input_state=None, key_dims=None):
     """An empty cache for ``max_length`` tokens.
 
-    ``features``: per layer, name -> shape of one token's feature
+    ``key_dims``: per layer, the width of its cached keys (None: ``head_dim``
+    everywhere; keys cached after a transform that widens them, PoPE's, are
+    wider than the values). ``features``: per layer, name -> shape of one token's feature
     (``jax.ShapeDtypeStruct`` [B, 1, ...]); ``states``: per layer, the unit's
     initial decoding state (a dict of arrays); ``input_state``: the input
     unit's (``Encoding.token_embed``).
     """
     shape = (batch_size, max_length, num_kv_heads, head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+    key_dims = key_dims or [head_dim] * num_layers
     features = features or [{}] * num_layers
     return {
-        "k": zeros,
+        "k": tuple(jnp.zeros(shape[:3] + (d,), dtype) for d in key_dims),
         "v": tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
         "features": tuple({n: jnp.zeros((f.shape[0], max_length) + tuple(f.shape[2:]), f.dtype)
                            for n, f in layer.items()} for layer in features),

@@ -196,7 +196,8 @@ class Decoder(nnx.Module):
                               self.head_dim, self.dtype,
                               features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks],
                               states=[u.init_state(batch_size) for u in units],
-                              input_state=None if unit is None else unit.init_state(batch_size))
+                              input_state=None if unit is None else unit.init_state(batch_size),
+                              key_dims=[b.attn.cached_key_dim for b in self.blocks])
 
     def _feature_shapes(self, attn, batch_size):
         """name -> ShapeDtypeStruct [B, 1, ...] of the features the layer's keys need (one token)."""

@@ -94,6 +94,16 @@ Attention called without features (no layer input, as in a unit test of
 attention alone) gives such a unit its neutral terms: FoX's gates open, PaTH's
 transforms the identity.
 
+Queries and keys may be wider than the values: ``qk_head_dim(options, head_dim=)``
+(a classmethod; the instance's ``qk_dim``) is their width after ``qk`` (PoPE:
+``head_dim + r`` polar features). Attention takes ``q . k`` over that width, the
+values, the output and the logit scale (``1 / sqrt(head_dim)``) keep the model's
+``head_dim``, and a cache of keys transformed once (``static_key``) holds the wider
+keys. A unit whose ``bias`` hides keys (a -1e30 entry: Hard-ALiBi's windows) names
+the option that makes it do so in ``hides_keys(options)``; soft-capping the logits
+(``model.norm.attn_softcap``) would turn that into ``-cap`` and let the keys through,
+so validation refuses the pair.
+
 Facts a unit declares as class attributes: ``full_rows`` (needs every key of
 a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
 the README table), ``pure`` (the pure module, for the API table),
@@ -179,6 +189,7 @@ class Encoding(nnx.Module):
             setattr(self, key, value)
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim, self.layer_index, self.num_layers = head_dim, layer_index, num_layers
+        self.qk_dim = type(self).qk_head_dim(options, head_dim=head_dim)  # width of q, k after qk
         self.setup(rngs, first)
 
     # -- declaration ------------------------------------------------------------------
@@ -287,6 +298,26 @@ class Encoding(nnx.Module):
 
         The model's QK-norm (``model.norm.qk_norm``) on such a layer would
         normalise twice: validation refuses it, naming this option.
+        """
+        return ""
+
+    @classmethod
+    def qk_head_dim(cls, options: dict, *, head_dim: int) -> int:
+        """The width of the queries and keys after ``qk`` (``head_dim`` unless the unit widens them).
+
+        Values, the attention output and the logit scale keep ``head_dim``; the
+        model's QK-norm after the transform (``model.norm.qk_norm_after_rope``)
+        has ``head_dim`` scales, so validation refuses it for a wider q and k.
+        """
+        return head_dim
+
+    @classmethod
+    def hides_keys(cls, options: dict) -> str:
+        """The option that makes the unit's ``bias`` hide keys (-1e30 entries), or "" when it does not.
+
+        Soft-capping the logits (``model.norm.attn_softcap``) would map those
+        entries to ``-cap`` and let the keys through: validation refuses the pair,
+        naming this option.
         """
         return ""
 

@@ -196,6 +196,17 @@ class Attention(nnx.Module):
                            return_stats=return_stats, q_features=feats,
                            k_features=_cached(enc, feats))
 
+    @property
+    def keys_cached_transformed(self) -> bool:
+        """Whether the cache holds keys through ``Encoding.key`` (a static key transform), written
+        once; else raw keys that every decoding step transforms (and QK-norms, if after RoPE)."""
+        return self.encoding.static_key() and not self.qk_norm_after_rope
+
+    @property
+    def cached_key_dim(self) -> int:
+        """The width of this layer's cached keys (the encoding's ``qk_dim`` when transformed)."""
+        return self.encoding.qk_dim if self.keys_cached_transformed else self.head_dim
+
     def decode(self, x, positions, all_positions, entry, *, seq_len, length):
         """Append x [B, T, D] to this layer's cache ``entry``; -> (y [B, T, D], new entry).
 
@@ -206,7 +217,7 @@ class Attention(nnx.Module):
         q, k, v = self.project(x)
         enc = self.encoding
         q, k, v, feats, state = enc.prepare(x, q, k, v, positions, state=entry["state"])
-        rotated = enc.static_key() and not self.qk_norm_after_rope
+        rotated = self.keys_cached_transformed
         if rotated:  # the cache holds transformed keys: a step transforms its own tokens only
             k = enc.key(k, positions, seq_len=seq_len)
         ck = cache_lib.write(entry["k"], k, length)

@@ -140,7 +140,8 @@ def _spec(cfg, train_length) -> ModelSpec:
     position = _position(cfg.position, head_dim=head_dim, num_heads=num_heads,
                          num_layers=num_layers, train_length=train_length)
     norm = _norm(cfg.norm)
-    _check_own_qk_norm(position, norm)
+    _check_own_qk_norm(position, norm, head_dim=head_dim)
+    _check_hidden_keys(position, norm)
     if cfg.attention_impl == "auto" and fused.on_accelerator():  # plugins told where it matters
         for kind in dict.fromkeys(position.layer_kinds):
             encoding.tell_no_kernel_form(encoding.get(kind))
@@ -164,11 +165,18 @@ def _spec(cfg, train_length) -> ModelSpec:
     )
 
 
-def _check_own_qk_norm(position, norm) -> None:
+def _check_own_qk_norm(position, norm, *, head_dim) -> None:
     """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm would do it twice;
-    a unit that rotates inside attention (a remapped RoPE) leaves no rotated q, k to normalise."""
+    a unit that rotates inside attention (a remapped RoPE) leaves no rotated q, k to normalise,
+    and one that widens them (PoPE) leaves q, k wider than the norm's head_dim scales."""
     if norm.qk_norm == "none":
         return
+    for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+        width = encoding.get(k).qk_head_dim(opts, head_dim=head_dim)
+        if width != head_dim and norm.qk_norm_after_rope:
+            raise ValueError(f"model.norm.qk_norm_after_rope=True cannot follow position kind {k!r} "
+                             f"(layer {i}): its queries and keys are {width} wide after the transform, "
+                             f"the QK-norm's scales {head_dim}; set qk_norm_after_rope=False")
     for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
         field = encoding.get(k).rotates_in_attention(opts)
         if field and norm.qk_norm_after_rope:
@@ -181,6 +189,19 @@ def _check_own_qk_norm(position, norm) -> None:
             raise ValueError(f"model.norm.qk_norm={norm.qk_norm!r} and model.position.{k}.{field} "
                              f"both normalise the queries and keys of layer {i}; set "
                              "model.norm.qk_norm='none' or turn the unit's own QK-norm off")
+
+
+def _check_hidden_keys(position, norm) -> None:
+    """Soft-capping maps a bias that hides keys (Hard-ALiBi's windows) to -cap: the keys come back."""
+    if not norm.attn_softcap:
+        return
+    for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+        field = encoding.get(k).hides_keys(opts)
+        if field:
+            raise ValueError(f"model.norm.attn_softcap={norm.attn_softcap!r} and model.position.{k}."
+                             f"{field}={opts[field]!r} cannot be combined: layer {i}'s bias hides keys, "
+                             "and the soft-cap would map it to -cap and let them through; set "
+                             "model.norm.attn_softcap=0")
 
 
 def _norm(n) -> NormSpec:
