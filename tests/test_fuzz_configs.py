@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from jax import monitoring
 
 import helpers
-from posenc import norm_names, rope, rope_scaling
+from posenc import norm_names, placements, rope, rope_scaling
 from posenc.config import overrides
 from posenc.model import ENCODINGS
 from posenc.model import config as model_config_lib
@@ -94,7 +94,7 @@ def valid_fields(draw):
          "model.residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
          "model.logits_multiplier": draw(st.sampled_from([1.0, 0.25])),
          "train.z_loss": draw(st.sampled_from([0.0, 1e-4]))}
-    if norm_names.placements.PLACEMENTS[f["model.norm.placement"]].qkv_norm:  # q, k, v normed already
+    if placements.PLACEMENTS[f["model.norm.placement"]].qkv_norm:  # q, k, v normed already
         f.update({"model.norm.qk_norm": "none", "model.norm.v_norm": False})
     if kind == "rope":
         f.update({f"model.position.rope.{k}": v for k, v in _rope_options(draw, head_dim).items()})
