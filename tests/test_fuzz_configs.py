@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from jax import monitoring
 
 import helpers
-from posenc import norm_names, rope, rope_scaling
+from posenc import norm_names, placements, rope, rope_scaling
 from posenc.config import overrides
 from posenc.model import ENCODINGS
 from posenc.model import config as model_config_lib
@@ -91,7 +91,12 @@ def valid_fields(draw):
          "model.norm.attn_softcap": draw(st.sampled_from([0.0, 5.0])),
          "model.norm.final_softcap": draw(st.sampled_from([0.0, 3.0])),
          "model.norm.embed_scale": draw(st.booleans()),
+         "model.norm.v_norm": draw(st.booleans()),
+         "model.residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
+         "model.logits_multiplier": draw(st.sampled_from([1.0, 0.25])),
          "train.z_loss": draw(st.sampled_from([0.0, 1e-4]))}
+    if placements.PLACEMENTS[f["model.norm.placement"]].qkv_norm:  # q, k, v normed already
+        f.update({"model.norm.qk_norm": "none", "model.norm.v_norm": False})
     if kind == "rope":
         f.update({f"model.position.rope.{k}": v for k, v in _rope_options(draw, head_dim).items()})
     if kind == "irope":
@@ -127,7 +132,37 @@ def _check_program(spec):
 @settings(max_examples=VALID_EXAMPLES)
 @given(valid_fields())
 def test_random_valid_configs_train_a_step_and_decode_like_the_full_forward(drawn):
-    fields, offset = drawn
+    _train_a_step_and_decode(*drawn)
+
+
+# The 2025-26 norm methods (posenc issue 37) with the encodings: each new kind, placement and field is in
+# one of two models, one with dense attention and one blocked (hybrid_star's second layer is hybrid's).
+# Default: encodings of each way into attention (rotation, bias, value term, own attention, input embedding)
+# in turn with the methods; POSENC_SLOW=1: every encoding with both (42 compiles, minutes).
+NORM_METHODS = {
+    "derf,hybrid_star,multipliers": {"model.norm.kind": "derf", "model.norm.placement": "hybrid_star",
+                                     "model.embedding_multiplier": 2.0, "model.residual_multiplier": 0.7,
+                                     "model.logits_multiplier": 0.5, "model.attention_impl": "dense"},
+    "lns,v_norm": {"model.norm.placement": "lns", "model.norm.v_norm": True, "model.attention_impl": "blocked",
+                   "model.attention_block": 4},
+}
+
+
+_DEFAULT_KINDS = ("alibi", "path_fox", "rope", "shaw", "sinusoidal", "stickbreaking")
+NORM_METHOD_CASES = ([(k, m) for k in sorted(ENCODINGS) for m in sorted(NORM_METHODS)] if SLOW else
+                     [(k, sorted(NORM_METHODS)[i % len(NORM_METHODS)]) for i, k in enumerate(_DEFAULT_KINDS)])
+
+
+@pytest.mark.parametrize("kind, method", NORM_METHOD_CASES)
+def test_norm_methods_with_the_encodings_train_a_step_and_decode_like_the_full_forward(kind, method):
+    fields = {"model.position.kind": kind, "model.num_heads": 4, "model.head_dim": 4, "model.d_model": 16,
+              "model.num_layers": 2, **NORM_METHODS[method]}
+    if kind == "irope":
+        fields["model.position.irope.nope_every"] = 2
+    _train_a_step_and_decode(fields, offset=2)
+
+
+def _train_a_step_and_decode(fields, offset):
     config = prepare.plain_copy(BASE)
     overrides.apply(config, fields)
     resolved = prepare.resolve(config)  # a valid config is accepted as it is
@@ -143,7 +178,7 @@ def test_random_valid_configs_train_a_step_and_decode_like_the_full_forward(draw
     assert bool(finite), fields
     assert full.shape == cached.shape == (2, LENGTH, resolved.spec.vocab_size)
     full, cached = np.asarray(full, np.float32), np.asarray(cached, np.float32)
-    if fields["model.dtype"] == "bfloat16":  # the two paths round differently in bfloat16
+    if fields.get("model.dtype") == "bfloat16":  # the two paths round differently in bfloat16
         scale = max(1.0, float(np.abs(full).max()))
         np.testing.assert_allclose(cached, full, rtol=0, atol=0.02 * scale, err_msg=str(fields))
     else:

@@ -138,7 +138,7 @@ def test_config_of_the_families_with_layer_patterns():
         "sandwich", "qkv", "interleaved", 0.5)
     c2 = hf.config(os.path.join(DATA, "cohere2"))
     assert c2.position.layers == ({"layers": (3,), "kind": "nope"},)
-    assert (c2.norm.kind, c2.parallel_residual, c2.output_multiplier, c2.tie_embeddings) == (
+    assert (c2.norm.kind, c2.parallel_residual, c2.logits_multiplier, c2.tie_embeddings) == (
         "layer_nobias", True, 0.5, True)
 
 

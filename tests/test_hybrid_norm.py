@@ -39,7 +39,7 @@ def _olmo_rms(x, w, eps=1e-5):
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * w
 
 
-def _olmo_block(x, p, *, attn_norm, ffn_residual):
+def _olmo_block(x, p, *, attn_norm, ffn_residual, act=np.tanh):  # act: the MLP's (a toy tanh here)
     h = _olmo_rms(x, p["attn_norm"]) if attn_norm else x   # attn_residual_after_norm False: x stays
     q, k, v = (h @ p[n] for n in ("wq", "wk", "wv"))
     q, k, v = (t.reshape(*t.shape[:-1], H, DH) for t in (q, k, v))
@@ -54,7 +54,7 @@ def _olmo_block(x, p, *, attn_norm, ffn_residual):
     x = _olmo_rms(x, p["ff_norm"])
     if ffn_residual:
         og_x = x
-    return og_x + np.tanh(x @ p["w1"]) @ p["w2"]
+    return og_x + act(x @ p["w1"]) @ p["w2"]
 
 
 def _jax_attention(p):

@@ -86,8 +86,9 @@ def test_one_training_step_lowers_the_loss(kind, variant):
         losses.append(float(loss))
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0]
-    assert set(stats) == {"max_attention_logit", "attention_entropy", "logit_mean", "log_z"}
-    assert all(math.isfinite(float(v)) for v in stats.values())
+    assert set(stats) == {"max_attention_logit", "attention_entropy", "logit_mean", "log_z", "max_logit_per_head"}
+    assert all(np.isfinite(np.asarray(v)).all() for v in stats.values())
+    assert float(stats["max_logit_per_head"].max()) == float(stats["max_attention_logit"])
 
 
 def test_logits_shape_dtype_and_default_positions():
@@ -146,15 +147,15 @@ def test_final_softcap_bounds_the_logits():
     assert float(jnp.abs(model(_tokens())).max()) <= 0.5
 
 
-def test_output_multiplier_scales_the_logits_before_the_final_softcap():
+def test_logits_multiplier_scales_the_logits_before_the_final_softcap():
     tokens = _tokens()
     plain = build("nope", norm=dict(final_softcap=3.0))(tokens)
-    scaled = build("nope", output_multiplier=0.25, norm=dict(final_softcap=3.0))(tokens)
+    scaled = build("nope", logits_multiplier=0.25, norm=dict(final_softcap=3.0))(tokens)
     uncapped = build("nope")(tokens)  # the same parameters (seed 0): logits before the cap
     np.testing.assert_allclose(scaled, 3.0 * jnp.tanh(0.25 * uncapped / 3.0), atol=1e-5, rtol=0)
     assert float(jnp.abs(scaled - plain).max()) > 1e-2
-    with pytest.raises(ValueError, match="model.output_multiplier"):
-        build("nope", output_multiplier=0.0)
+    with pytest.raises(ValueError, match="model.logits_multiplier"):
+        build("nope", logits_multiplier=0.0)
 
 
 def test_deepnorm_initialises_value_output_and_mlp_with_gain_beta():

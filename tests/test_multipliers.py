@@ -29,22 +29,27 @@ def _toy(seed):
 #   MiniCPMForCausalLM.forward:  logits = self.lm_head(hidden_states / (self.config.hidden_size /
 #                                self.config.dim_model_base))
 # Sublayers are toy tanh maps; norms are weightless RMSNorms.
-def _minicpm_forward(tokens, p, scale_emb, scale_depth, dim_model_base):
+def _toy_sublayers(p):
+    return [(lambda h, w=p["attn"][i]: np.tanh(h @ w), lambda h, w=p["mlp"][i]: np.tanh(h @ w)) for i in range(L)]
+
+
+def _minicpm_forward(tokens, p, scale_emb, scale_depth, dim_model_base, sublayers=None):
+    """``sublayers``: per layer (attention, mlp) of the normed stream; default the toy tanh maps."""
     h = p["embed"][tokens] * scale_emb
-    for i in range(L):
-        h = h + np.tanh(_rms(h) @ p["attn"][i]) * (scale_depth / math.sqrt(L))
-        h = h + np.tanh(_rms(h) @ p["mlp"][i]) * (scale_depth / math.sqrt(L))
+    for attn, mlp in sublayers or _toy_sublayers(p):
+        h = h + attn(_rms(h)) * (scale_depth / math.sqrt(L))
+        h = h + mlp(_rms(h)) * (scale_depth / math.sqrt(L))
     return (_rms(h) / (D / dim_model_base)) @ p["head"].T
 
 
 # Granite (transformers models/granite/modeling_granite.py): GraniteModel.forward inputs_embeds * embedding_multiplier;
 # GraniteDecoderLayer.forward residual + hidden_states * residual_multiplier (both sublayers);
 # GraniteForCausalLM.forward logits = lm_head(hidden_states) / logits_scaling.
-def _granite_forward(tokens, p, embedding_multiplier, residual_multiplier, logits_scaling):
+def _granite_forward(tokens, p, embedding_multiplier, residual_multiplier, logits_scaling, sublayers=None):
     h = p["embed"][tokens] * embedding_multiplier
-    for i in range(L):
-        h = h + np.tanh(_rms(h) @ p["attn"][i]) * residual_multiplier
-        h = h + np.tanh(_rms(h) @ p["mlp"][i]) * residual_multiplier
+    for attn, mlp in sublayers or _toy_sublayers(p):
+        h = h + attn(_rms(h)) * residual_multiplier
+        h = h + mlp(_rms(h)) * residual_multiplier
     return (_rms(h) @ p["head"].T) / logits_scaling
 
 

@@ -223,6 +223,7 @@ def test_dispatch_matches_functions():
         # ScaleNorm at init, sqrt(D) * x / ||x||, has unit RMS like RMSNorm
         "scale": _np_rms(x, 1.0, 0.0),
         "dyt": np.tanh(0.5 * x.astype(np.float64)),
+        "derf": np.vectorize(math.erf)(0.5 * x.astype(np.float64)),  # Dynamic_erf at init
         "none": x,
     }
     for kind, ref in expected.items():

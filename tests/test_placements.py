@@ -172,6 +172,16 @@ def test_unknown_placement_lists_all():
             assert p in str(e.value)
 
 
+@pytest.mark.parametrize("placement, block", [("hybrid", "posenc.hybrid_norm.block"),
+                                              ("hybrid_star", "posenc.hybrid_norm.block"),
+                                              ("lns", "posenc.layernorm_scaling.block")])
+def test_whole_layer_placements_name_their_block_function(placement, block):
+    with pytest.raises(ValueError, match=f"placement {placement!r} acts on a whole layer: use {block}"):
+        placements.residual(placement, X, F, N)
+    assert placements.has_final_norm(placement) and placements.layer_placement(placement, 0, 2) == placement
+    assert placements.PLACEMENTS[placement].qkv_norm == placement.startswith("hybrid")
+
+
 def test_missing_arguments():
     with pytest.raises(ValueError, match="norm_out"):
         placements.residual("sandwich", X, F, N)

@@ -333,7 +333,7 @@ def _cohere2_fields(hf):
                                        "full_attention"))
     _set_spans(out, hf, spans)
     _nope(out, (i for i, s in enumerate(spans) if s != "window"))  # only the window layers rotate
-    out["model.output_multiplier"] = float(hf.get("logit_scale", 0.0625))
+    out["model.logits_multiplier"] = float(hf.get("logit_scale", 0.0625))
     return out
 
 

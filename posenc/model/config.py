@@ -98,6 +98,10 @@ class Norm(Section):
     mixln_fraction = Field(0.25, lambda n, v: checks.number(n, v, minimum=0.0, maximum=1.0),
                            "placement mixln: the fraction of post-norm layers (the first ones)")
     dyt_alpha = Field(0.5, checks.positive, "kind dyt: the initial alpha")
+    derf_alpha = Field(0.5, checks.positive, "kind derf: the initial alpha (the official code's default; "
+                                             "its GPT-2 runs set 1.0)")
+    v_norm = Field(False, checks.boolean, "RMS-normalise each value head without a gain, eps model.norm.eps "
+                                          "(Gemma 4's v_norm)")
     qk_norm = Field("none", _named(norm_names.check_qk_norm), "QK-norm of posenc.norm_names.QK_NORMS")
     qk_norm_after_rope = Field(False, checks.boolean, "normalise the rotated q, k (Llama 4), not the projections")
     qk_norm_layers = Field("all", checks.one_of(*LAYER_RULES),
@@ -140,11 +144,17 @@ class Model(Section):
                                                   "(+ MLP: GPT-NeoX)")
     parallel_residual = Field(False, checks.boolean, "x + attn(N1 x) + mlp(N2 x) (GPT-NeoX, GPT-J); placement pre")
     attention_scale = Field(0.0, checks.nonnegative, "multiplier of q . k (0: 1 / sqrt(head_dim); T5: 1; "
-                                                      "Gemma: 1 / sqrt(query_pre_attn_scalar))")
+                                                      "Gemma: 1 / sqrt(query_pre_attn_scalar); Granite: "
+                                                      "attention_multiplier)")
+    embedding_multiplier = Field(1.0, checks.positive, "token embeddings times this (MiniCPM scale_emb, Granite "
+                                                       "embedding_multiplier; posenc.multipliers)")
+    residual_multiplier = Field(1.0, checks.positive, "every residual branch times this (MiniCPM scale_depth / "
+                                                      "sqrt(num_layers), Granite residual_multiplier)")
+    logits_multiplier = Field(1.0, checks.positive, "the final hidden state times this before the head (MiniCPM "
+                                                    "dim_model_base / d_model, Granite 1 / logits_scaling, "
+                                                    "Cohere logit_scale)")
     dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
     tie_embeddings = Field(True, checks.boolean, "the head is the transposed token embedding")
-    output_multiplier = Field(1.0, checks.positive, "multiply the output logits before the final soft-cap "
-                                                    "(Cohere's logit_scale; 1 = off)")
     dtype = Field("float32", checks.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "
                                                       "float32 | bfloat16 (params stay float32)")
     attention_block = Field(512, checks.positive_int, "query / key block of the memory-efficient attention")

@@ -4,9 +4,10 @@
 :class:`~posenc.model.spec.ModelSpec`, or a ModelSpec): token embedding (optional
 sqrt(D) scale), an input position embedding when the kind has one, N blocks
 of attention + MLP with any norm placement, a final norm when the placement
-has one, a tied or untied head, an optional output-logit multiplier (Cohere) and
-final-logit soft-capping. Params are float32; compute runs in ``model.dtype``;
-logits are float32.
+has one, a tied or untied head, optional final-logit soft-capping. The
+embedding, residual and logit multipliers of MiniCPM / Granite / Cohere
+(``posenc.multipliers``) apply where set. Params
+are float32; compute runs in ``model.dtype``; logits are float32.
 
 Token embeddings and the untied head use N(0, 0.02) (GPT-2); projections
 LeCun normal (DeepNorm: xavier normal, gain beta for v, out and MLP).
@@ -22,7 +23,7 @@ from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
 from posenc.model.layers import Block, Norm
 from posenc.model.spec import ModelSpec
-from posenc.norms import diagnostics, norms, placements
+from posenc.norms import diagnostics, multipliers, norms, placements
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -38,7 +39,6 @@ class Decoder(nnx.Module):
         self.num_kv_heads, self.head_dim = spec.num_kv_heads, spec.head_dim
         self.embed_scale = spec.norm.embed_scale
         self.final_softcap = spec.norm.final_softcap
-        self.output_multiplier = spec.output_multiplier
         pos = spec.position
         # Units share parameters (T5's table) with the first unit of the same kind and options.
         first: dict[tuple, encoding_lib.Encoding] = {}
@@ -66,10 +66,9 @@ class Decoder(nnx.Module):
                                       dtype=self.dtype, rngs=rngs)
                                 for i, k in enumerate(pos.layer_kinds)])
         n = spec.norm
-        self.embed_norm = (Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
-                           if n.embed_norm else None)
-        self.final_norm = (Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
-                           if placements.has_final_norm(n.placement) else None)
+        self.embed_norm = Norm.of(n, spec.d_model) if n.embed_norm else None
+        self.final_norm = Norm.of(n, spec.d_model) if placements.has_final_norm(n.placement) else None
+        self.embedding_multiplier, self.logits_multiplier = spec.embedding_multiplier, spec.logits_multiplier
         self.head = (None if spec.tie_embeddings else nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (spec.d_model, spec.vocab_size))))
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
@@ -115,6 +114,8 @@ class Decoder(nnx.Module):
         x = self.embedding[...].astype(self.dtype)[tokens]
         if self.embed_scale:
             x = x * norms.embed_scale(self.d_model, self.dtype)
+        if self.embedding_multiplier != 1.0:
+            x = multipliers.scale(x, self.embedding_multiplier)
         return x
 
     def _input(self, x, positions, deterministic, *, tokens=None, key=None, state=None):
@@ -130,11 +131,11 @@ class Decoder(nnx.Module):
     def _output(self, x):
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if self.logits_multiplier != 1.0:  # MiniCPM divides the hidden state; the head is linear
+            x = multipliers.scale(x, self.logits_multiplier)
         w = self.embedding[...].T if self.head is None else self.head[...]
         logits = jnp.einsum("bld,dv->blv", x, w.astype(self.dtype),
                             preferred_element_type=jnp.float32)
-        if self.output_multiplier != 1.0:  # decided at trace time: 1 adds nothing
-            logits = logits * self.output_multiplier
         if self.final_softcap:
             logits = norms.softcap(logits, self.final_softcap)
         return logits.astype(jnp.float32)

@@ -23,7 +23,7 @@ from posenc.attention import logit_scale
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
-from posenc.norms import norms, placements, qk_norm
+from posenc.norms import hybrid_norm, layernorm_scaling, norms, placements, qk_norm
 
 
 def lecun_normal(key, shape, fan_in):
@@ -63,15 +63,22 @@ linear.defvjp(_linear_fwd, _linear_bwd)
 
 
 class Norm(nnx.Module):
-    """Any ``posenc.norms.NORMS`` norm over the last axis, params from posenc.norms."""
+    """Any ``posenc.norms.NORMS`` norm over the last axis, params from posenc.norms.
 
-    def __init__(self, kind, dim, *, eps, dyt_alpha=0.5):
+    ``init``: keywords of ``posenc.norms.init_params`` (those the kind does not take are dropped).
+    """
+
+    def __init__(self, kind, dim, *, eps, **init):
         norm = norms.NORMS[kind]
         self.kind = kind
         self.eps = float(eps) if "eps" in norm.keywords else None
-        init_kw = {"dyt_alpha": dyt_alpha} if "dyt_alpha" in norm.init_keywords else {}
-        params = norms.init_params(kind, dim, **init_kw)
+        params = norms.init_params(kind, dim, **{k: v for k, v in init.items() if k in norm.init_keywords})
         self.params = nnx.Dict({n: nnx.Param(v) for n, v in params.items()})
+
+    @classmethod
+    def of(cls, norm_spec, dim):
+        """The norm ``model.norm`` describes (its kind, eps and initial values)."""
+        return cls(norm_spec.kind, dim, eps=norm_spec.eps, **norm_spec.init_keywords)
 
     def __call__(self, x):
         return norms.normalize(self.kind, x, {n: p[...] for n, p in self.params.items()},
@@ -134,6 +141,11 @@ class Attention(nnx.Module):
         self.qk_norm_kind = spec.norm.qk_norm if lay.qk_norm[layer_index] else "none"
         self.qk_eps = None if self.qk_norm_kind == "none" else spec.norm.eps
         self.qk_norm_after_rope = spec.norm.qk_norm_after_rope
+        # Value norm (Gemma 4) or HybridNorm's QKV-norm: both decided here, nothing traced when off.
+        self.v_norm, self.norm_eps = spec.norm.v_norm, spec.norm.eps
+        qkv = spec.norm.qkv_norm
+        self.qkv_params = (nnx.Dict({f"{n}_scale": nnx.Param(jnp.ones((head_dim,), jnp.float32)) for n in "qkv"})
+                           if qkv else None)
         self.scale = spec.attention_scale
         ls = lay.logit_scale
         self.logit_scale = ls.kind if lay.scaled[layer_index] else "none"
@@ -164,7 +176,7 @@ class Attention(nnx.Module):
         self.ssmax_b = nnx.Param(jnp.zeros((H,), jnp.float32)) if ssmax and ls.ssmax_bias else None
 
     def project(self, x):
-        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-normed, not yet rotated).
+        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-, V- or QKV-normed, not yet rotated).
 
         One [D, (H + 2K) Dh] matmul for q, k and v: the input is read (and, for
         the weight gradient, transposed) once instead of three times.
@@ -179,6 +191,12 @@ class Attention(nnx.Module):
         if len(self.biases):
             b = {n: p[...].astype(q.dtype) for n, p in self.biases.items()}
             q, k, v = q + b["q"], k + b["k"], v + b["v"]
+        if self.qkv_params is not None:  # HybridNorm: q, k, v per head, before any rotation
+            g = self.qkv_params
+            q, k, v = hybrid_norm.qkv_norm(q, k, v, g["q_scale"][...], g["k_scale"][...], g["v_scale"][...],
+                                           eps=self.norm_eps)
+        if self.v_norm:
+            v = hybrid_norm.value_norm(v, eps=self.norm_eps)
         if not self.qk_norm_after_rope:
             q, k = self._qk_norm(q, k)
         return q, k, v
@@ -292,12 +310,14 @@ def _cached(encoding, features):
 
 
 class Block(nnx.Module):
-    """One decoder layer: attention then MLP, each wrapped by posenc.placements.residual."""
+    """One decoder layer: attention then MLP, each wrapped by posenc.placements.residual, or a whole-layer
+    placement (``Placement.block``: posenc.hybrid_norm.block, posenc.layernorm_scaling.block)."""
 
     def __init__(self, spec, encoding, *, layer_index, dtype, rngs):
         n = spec.norm
         mix = {"mixln_fraction": n.mixln_fraction} if n.placement == "mixln" else {}
         self.placement = placements.layer_placement(n.placement, layer_index, spec.num_layers, **mix)
+        self.layer_index = layer_index
         deep = self.placement == "deepnorm"
         alpha, beta = norms.deepnorm_constants(spec.num_layers) if deep else (None, None)
         self.alpha = alpha
@@ -309,24 +329,40 @@ class Block(nnx.Module):
         rezero = self.placement == "rezero"
 
         def norm():
-            return None if rezero else Norm(n.kind, spec.d_model, eps=n.eps, dyt_alpha=n.dyt_alpha)
+            return None if rezero else Norm.of(n, spec.d_model)
 
-        self.norm1, self.norm2 = norm(), norm()
+        # HybridNorm's attention reads the stream itself (its q, k, v are normed); HybridNorm*'s
+        # first layer is pre-norm.
+        hybrid = self.placement in ("hybrid", "hybrid_star")
+        self.norm1 = None if hybrid and not (self.placement == "hybrid_star" and layer_index == 0) else norm()
+        self.norm2 = norm()
         sandwich = self.placement == "sandwich"
         self.norm1_out = norm() if sandwich else None
         self.norm2_out = norm() if sandwich else None
         # ReZero: one gate per layer, shared by its attention and MLP (the reference's resweight).
         self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
+        self.residual_multiplier = spec.residual_multiplier
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
+
+    def _scaled(self, branch):
+        """``branch`` times model.residual_multiplier (float32 product; the residual sum casts back)."""
+        m = self.residual_multiplier
+        if m == 1.0:
+            return branch
+        return lambda h: branch(h).astype(jnp.float32) * m
 
     def _residual(self, x, sublayer, norm, norm_out):
         kw = {}
         if self.placement == "sandwich":
-            kw["norm_out"] = norm_out
+            kw["norm_out"] = self._scaled(norm_out)  # the branch ends in N_out
         elif self.placement == "deepnorm":
             kw["alpha"] = self.alpha
         elif self.placement == "rezero":
             kw["gate"] = self.gate[...].astype(x.dtype)
+        if self.placement == "reordered":  # the branch is N(F(x))
+            norm = self._scaled(norm)
+        elif self.placement != "sandwich":
+            sublayer = self._scaled(sublayer)
         return placements.residual(self.placement, x, sublayer, norm, **kw)
 
     def __call__(self, x, attend, *, deterministic):
@@ -340,7 +376,14 @@ class Block(nnx.Module):
 
         mlp_sub = lambda h: self.dropout(self.mlp(h), deterministic=deterministic)  # noqa: E731
         if self.parallel:  # GPT-NeoX: both sublayers read the same input
-            return (x + attn_sub(self.norm1(x)) + mlp_sub(self.norm2(x))).astype(x.dtype), stats
+            a, m = self._scaled(attn_sub)(self.norm1(x)), self._scaled(mlp_sub)(self.norm2(x))
+            return (x + a + m).astype(x.dtype), stats
+        if self.placement == "lns":
+            return layernorm_scaling.block(x, self._scaled(attn_sub), self._scaled(mlp_sub), self.norm1,
+                                           self.norm2, layer_index=self.layer_index), stats
+        if self.placement in ("hybrid", "hybrid_star"):
+            return hybrid_norm.block(x, self._scaled(attn_sub), self._scaled(mlp_sub), self.norm2,
+                                     attention_norm=self.norm1), stats
         x = self._residual(x, attn_sub, self.norm1, self.norm1_out)
         x = self._residual(x, mlp_sub, self.norm2, self.norm2_out)
         return x, stats

@@ -127,7 +127,7 @@ PRESETS: dict[str, dict] = {
                 "model.attention_span": "window", "model.attention_window": 4096,
                 "model.global_every": 4,
                 "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},),
-                "model.output_multiplier": 0.0625},
+                "model.logits_multiplier": 0.0625},
     # EXAONE 4.0: OLMo 2's reordered norms with a per-head QK RMSNorm, 3 sliding-window (4096)
     # RoPE layers : 1 global NoPE layer
     "exaone4": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.norm.placement": "reordered",

@@ -25,6 +25,8 @@ from posenc.model import encoding, fused
 from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
+from posenc.norms import norms as norms_lib
+from posenc.norms import placements
 
 
 def resolve_dtype(name: str) -> str:
@@ -46,12 +48,25 @@ class NormSpec:
     eps: float
     mixln_fraction: float
     dyt_alpha: float
+    derf_alpha: float
+    v_norm: bool  # values RMS-normalised per head without a gain (Gemma 4)
     qk_norm: str
     qk_norm_after_rope: bool  # QK-norm on the rotated q, k (Llama 4), not on the projections
     attn_softcap: float
     final_softcap: float
     embed_scale: bool
     embed_norm: bool  # a norm right after the token embedding (BLOOM)
+
+    @property
+    def init_keywords(self) -> dict[str, float]:
+        """The keywords of ``posenc.norms.init_params`` that ``kind`` takes (e.g. dyt_alpha)."""
+        values = {"dyt_alpha": self.dyt_alpha, "derf_alpha": self.derf_alpha}
+        return {k: values[k] for k in norms_lib.NORMS[self.kind].init_keywords}
+
+    @property
+    def qkv_norm(self) -> bool:
+        """The placement normalises q, k and v per head inside attention (HybridNorm)."""
+        return placements.PLACEMENTS[self.placement].qkv_norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +108,11 @@ class ModelSpec:
     attention_causal_block: int
     position: PositionSpec
     norm: NormSpec
-    output_multiplier: float = 1.0  # the output logits times this (Cohere's logit_scale)
     layout: layout_lib.Layout | None = None  # per-layer spans, QK-norm, logit scaling (resolved)
+    # MiniCPM / Granite constants (posenc.multipliers); 1.0: off, nothing added to the program
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_multiplier: float = 1.0
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
@@ -159,16 +177,26 @@ def _spec(cfg, train_length) -> ModelSpec:
         tie_embeddings=bool(cfg.tie_embeddings), dtype=dtype,
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
-        position=position, norm=norm, output_multiplier=float(cfg.output_multiplier),
+        position=position, norm=norm,
+        embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
+        logits_multiplier=float(cfg.logits_multiplier),
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
 
 
 def _check_own_qk_norm(position, norm, *, head_dim) -> None:
-    """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm would do it twice;
-    a unit that rotates inside attention (a remapped RoPE) leaves no rotated q, k to normalise,
-    and one that widens them (PoPE) leaves q, k wider than the norm's head_dim scales."""
+    """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm (or a placement that
+    normalises q, k, v: HybridNorm) would do it twice; a unit that rotates inside attention (a
+    remapped RoPE) leaves no rotated q, k to normalise, and one that widens them (PoPE) leaves q, k
+    wider than the norm's head_dim scales."""
+    if norm.qkv_norm:
+        for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+            field = encoding.get(k).own_qk_norm(opts)
+            if field:
+                raise ValueError(f"model.norm.placement={norm.placement!r} and model.position.{k}.{field} "
+                                 f"both normalise the queries and keys of layer {i}; choose another "
+                                 "placement or turn the unit's own QK-norm off")
     if norm.qk_norm == "none":
         return
     for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
@@ -208,13 +236,21 @@ def _norm(n) -> NormSpec:
     defaults = config_lib.norm_config()
     # Fields that only one choice reads: setting them for another is a mistake.
     for field, owner, chosen in (("mixln_fraction", "placement 'mixln'", n.placement == "mixln"),
-                                 ("dyt_alpha", "kind 'dyt'", n.kind == "dyt")):
+                                 ("dyt_alpha", "kind 'dyt'", n.kind == "dyt"),
+                                 ("derf_alpha", "kind 'derf'", n.kind == "derf")):
         if not chosen and n[field] != defaults[field]:
             raise ValueError(f"model.norm.{field}={n[field]!r} is set, but only {owner} uses it "
                              f"(model.norm.kind={n.kind!r}, model.norm.placement={n.placement!r})")
+    if placements.PLACEMENTS[n.placement].qkv_norm:
+        for field, off in (("qk_norm", "none"), ("v_norm", False)):
+            if n[field] != off:
+                raise ValueError(f"model.norm.{field}={n[field]!r} and model.norm.placement={n.placement!r} "
+                                 f"both normalise attention's projections (the placement normalises q, k "
+                                 f"and v per head with a gain); set model.norm.{field}={off!r}")
     return NormSpec(
         kind=n.kind, placement=n.placement, eps=float(n.eps), mixln_fraction=float(n.mixln_fraction),
-        dyt_alpha=float(n.dyt_alpha), qk_norm=n.qk_norm, qk_norm_after_rope=bool(n.qk_norm_after_rope),
+        dyt_alpha=float(n.dyt_alpha), derf_alpha=float(n.derf_alpha), v_norm=bool(n.v_norm),
+        qk_norm=n.qk_norm, qk_norm_after_rope=bool(n.qk_norm_after_rope),
         attn_softcap=float(n.attn_softcap), final_softcap=float(n.final_softcap),
         embed_scale=bool(n.embed_scale), embed_norm=bool(n.embed_norm),
     )

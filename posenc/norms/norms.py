@@ -270,6 +270,13 @@ def _dyt_init(dim, dyt_alpha=0.5):
             "beta": _zeros(dim)}
 
 
+def _derf_init(dim, derf_alpha=0.5):
+    # Dynamic_erf (zlab-princeton/Derf): alpha = ones(1) * alpha_init_value, shift = zeros(1),
+    # weight ones(D), bias zeros(D); alpha and shift are scalars here.
+    return {"alpha": jnp.asarray(_positive("derf_alpha", derf_alpha), _F32),
+            "shift": jnp.zeros((), _F32), "gamma": _ones(dim), "beta": _zeros(dim)}
+
+
 NORMS: dict[str, NormKind] = {
     "layer": NormKind("LayerNorm with bias",
                       lambda x, p, **kw: layer_norm(x, p["scale"], p["bias"], **kw),
@@ -288,6 +295,9 @@ NORMS: dict[str, NormKind] = {
     "dyt": NormKind("Dynamic Tanh (Zhu et al. 2025)",
                     lambda x, p: dyt(x, p["alpha"], p["gamma"], p["beta"]), _dyt_init,
                     ("alpha", "beta", "gamma"), init_keywords=("dyt_alpha",)),
+    "derf": NormKind("Dynamic erf, gamma erf(alpha x + shift) + beta (Chen et al. 2025)",
+                     lambda x, p: derf(x, p["alpha"], p["shift"], p["gamma"], p["beta"]), _derf_init,
+                     ("alpha", "beta", "gamma", "shift"), init_keywords=("derf_alpha",)),
     "none": NormKind("identity", lambda x, p: x, lambda d: {}, ()),
 }
 KINDS = tuple(NORMS)
@@ -305,11 +315,11 @@ def normalize(kind, x, params, *, eps=None):
     """Apply the norm named ``kind`` (one of :data:`NORMS`).
 
     Args:
-      kind: one of layer, layer_nobias, rms, rms_offset, scale, dyt, none.
+      kind: one of layer, layer_nobias, rms, rms_offset, scale, dyt, derf, none.
       x: ``[..., D]``.
       params: dict as returned by :func:`init_params` (same keys).
       eps: > 0, or None for each function's default (1e-6; ScaleNorm 1e-5).
-        DyT and none take no eps: passing one is a ValueError.
+        DyT, Derf and none take no eps: passing one is a ValueError.
     Returns:
       ``[..., D]`` in ``x.dtype``.
     """
@@ -328,16 +338,18 @@ def normalize(kind, x, params, *, eps=None):
     return norm.apply(x, params, **kw)
 
 
-def init_params(kind, dim, *, dyt_alpha=None):
+def init_params(kind, dim, *, dyt_alpha=None, derf_alpha=None):
     """Standard initial parameters (float32) of the norm named ``kind``.
 
     layer: scale ones [D], bias zeros [D]; layer_nobias, rms: scale ones;
     rms_offset: scale zeros (gain 1 + 0); scale: gain sqrt(D) scalar;
     dyt: alpha ``dyt_alpha`` (default 0.5) scalar, gamma ones, beta zeros;
-    none: {}. ``dyt_alpha`` with another kind is a ValueError.
+    derf: alpha ``derf_alpha`` (default 0.5) scalar, shift 0 scalar, gamma ones,
+    beta zeros (the official ``Dynamic_erf``); none: {}. ``dyt_alpha`` or
+    ``derf_alpha`` with another kind is a ValueError.
     """
     norm = _kind(kind)
-    kw = _given(dyt_alpha=dyt_alpha)
+    kw = _given(dyt_alpha=dyt_alpha, derf_alpha=derf_alpha)
     checks.no_extra(f"init_params of norm kind {kind!r}", kw, allowed=norm.init_keywords)
     dim = checks.integer("dim", dim, minimum=1)
     return norm.init(dim, **kw)

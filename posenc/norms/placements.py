@@ -13,6 +13,17 @@ function ``N: x -> N(x)`` (e.g. ``functools.partial(posenc.norms.normalize,
     mixln      post in the first floor(fraction * L) layers, pre after
                (Li et al. 2024); resolve per layer with :func:`layer_placement`.
 
+Three placements act on a whole layer (attention and MLP together) and are
+pure functions of their own modules; :func:`residual` refuses them and names
+the function (``Placement.block``):
+
+    hybrid       X + Attn(X) with q, k, v RMS-normalised per head, then
+                 N(Y) + FFN(N(Y)); final norm       (HybridNorm, Zhuo et al. 2025)
+    hybrid_star  hybrid with a pre-norm first layer: X + Attn(N_a(X)), then
+                 Y + FFN(N(Y))                      (HybridNorm*)
+    lns          x + F(N(x) / sqrt(l + 1)) in layer l (0-based); final norm
+                 (LayerNorm Scaling, Sun et al. 2025)
+
 Shapes: ``x`` is ``[..., D]``; the result has the shape and dtype of ``x``.
 """
 
@@ -35,6 +46,8 @@ class Placement:
     final_norm: bool  # the decoder normalises after its last layer
     keywords: tuple[str, ...] = ()  # keywords of `residual` it uses (beyond x, sublayer, norm)
     uses_norm: bool = True
+    block: str = ""  # a whole-layer placement: the pure function of one layer (not `residual`)
+    qkv_norm: bool = False  # attention RMS-normalises q, k and v per head (posenc.hybrid_norm.qkv_norm)
 
 
 # Mix-LN ends in pre-norm layers, whose residual stream is unnormalised, so it
@@ -51,6 +64,13 @@ PLACEMENTS: dict[str, Placement] = {
                        True),
     "rezero": Placement("x + a F(x), a init 0 shared by the layer's sublayers, no norm "
                         "(Bachlechner et al. 2020)", False, ("gate",), uses_norm=False),
+    "hybrid": Placement("X + Attn(X) with q, k, v normed per head, then N(Y) + FFN(N(Y)), final norm "
+                        "(HybridNorm, Zhuo et al. 2025)", True, block="posenc.hybrid_norm.block",
+                        qkv_norm=True),
+    "hybrid_star": Placement("hybrid with a pre-norm first layer (HybridNorm*, Zhuo et al. 2025)", True,
+                             block="posenc.hybrid_norm.block", qkv_norm=True),
+    "lns": Placement("x + F(N(x) / sqrt(l + 1)) in layer l, final norm (LayerNorm Scaling, Sun et al. "
+                     "2025)", True, block="posenc.layernorm_scaling.block"),
 }
 
 
@@ -78,6 +98,8 @@ def residual(placement, x, sublayer, norm=None, *, norm_out=None, alpha=None, ga
       sublayer output or gate does not promote a bf16 residual stream).
     """
     spec = _placement(placement)
+    if spec.block:
+        raise ValueError(f"placement {placement!r} acts on a whole layer: use {spec.block}")
     if placement == "mixln":
         raise ValueError(
             "placement 'mixln' is per layer: resolve it with "
@@ -162,7 +184,8 @@ def layer_placement(placement, layer_index, num_layers, *, mixln_fraction=None):
 def has_final_norm(placement):
     """Whether a decoder with this placement normalises after the last layer.
 
-    pre, sandwich, reordered, mixln: True; post, deepnorm, rezero: False.
+    pre, sandwich, reordered, mixln, hybrid, hybrid_star, lns: True; post,
+    deepnorm, rezero: False.
     """
     return _placement(placement).final_norm
 
