@@ -3,7 +3,8 @@ random invalid ones raise a ValueError naming the field and the allowed values, 
 before the workdir exists.
 
 Valid configs mix every registered encoding (RoPE with each frequency scaling), norm, placement,
-QK-norm, soft-caps, grouped-query attention, compute dtype and attention implementation. Default: a
+QK-norm, soft-caps, grouped-query attention, attention sinks, output gate, compute dtype and attention
+implementation. Default: a
 few examples (one compile each); ``POSENC_SLOW=1``: many more.
 """
 
@@ -90,7 +91,11 @@ def valid_fields(draw):
          "model.norm.attn_softcap": draw(st.sampled_from([0.0, 5.0])),
          "model.norm.final_softcap": draw(st.sampled_from([0.0, 3.0])),
          "model.norm.embed_scale": draw(st.booleans()),
-         "train.z_loss": draw(st.sampled_from([0.0, 1e-4]))}
+         "train.z_loss": draw(st.sampled_from([0.0, 1e-4])),
+         "model.attention_gate": draw(st.sampled_from(model_config_lib.GATES)),
+         # sinks join a softmax: a unit with its own weights takes none
+         "model.attention_sinks": "none" if ENCODINGS[kind].own_attention() else draw(
+             st.sampled_from(model_config_lib.SINKS))}
     if kind == "rope":
         f.update({f"model.position.rope.{k}": v for k, v in _rope_options(draw, head_dim).items()})
     if kind == "irope":
@@ -183,6 +188,8 @@ _NUMBER = "must be "
 MUTATIONS = {
     "model.mlp": (_not_in(model_config_lib.MLPS), _CHOOSE + ", ".join(sorted(model_config_lib.MLPS))),
     "model.dtype": (_not_in(model_config_lib.DTYPES), _CHOOSE + ", ".join(sorted(model_config_lib.DTYPES))),
+    "model.attention_sinks": (_not_in(model_config_lib.SINKS), _CHOOSE + ", ".join(sorted(model_config_lib.SINKS))),
+    "model.attention_gate": (_not_in(model_config_lib.GATES), _CHOOSE + ", ".join(sorted(model_config_lib.GATES))),
     "model.position.randomized_per": (_not_in(("batch", "example")), _CHOOSE + "batch, example"),
     "model.position.rope.scaling": (_not_in(rope_scaling.KINDS), _CHOOSE + ", ".join(sorted(rope_scaling.KINDS))),
     "model.position.rope.layout": (_not_in(rope.LAYOUTS), _CHOOSE + ", ".join(sorted(rope.LAYOUTS))),

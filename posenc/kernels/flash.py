@@ -13,7 +13,10 @@ the dq kernel (arrays, per-query vectors) and the dk/dv kernel (per-key
 vectors). Masks are by index: key j is visible to query i iff j < kv_length
 and (causal) j <= q_offset + i and (window W) q_offset + i - W < j and
 (chunk C) (q_offset + i) // C == j // C. A query with no visible key gets
-output 0 and zero gradients.
+output 0 and zero gradients. Learned sinks (gpt-oss; ``sinks`` [H], as
+``posenc.learned_sinks``) join each row's denominator after the key loop; the
+saved log-sum-exp includes them, so the backward kernels are unchanged and the
+sinks' gradient is one reduction outside them.
 
 Backends: Triton on GPU, Mosaic on TPU, the Pallas interpreter elsewhere
 (``interpret=None`` picks it on CPU; ``interpret=True`` forces it).
