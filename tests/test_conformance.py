@@ -5,8 +5,8 @@ The registry-wide run is the one test of these properties for every unit (it rep
 copies in test_decode, test_causality and test_position_invariance): dense == blocked (values and
 gradients), cached decoding token by token and in pieces == the full forward, shift invariance of
 every unit declaring ``relative``, causality through gradients, finite gradients reaching every
-parameter of the unit, jit and vmap. Encodings are paired with norm placements and norm kinds in
-turn, so every placement and norm decodes too.
+parameter of the unit, jit and vmap. Encodings are paired with norm placements, norm kinds,
+attention sinks and output gates in turn, so every placement, norm, sink and gate decodes too.
 """
 
 import itertools
@@ -19,23 +19,31 @@ from flax import nnx
 import posenc
 from posenc import norm_names
 from posenc.model import ENCODINGS, Encoding, EncodingCheckError, check_encoding, conformance
+from posenc.model import config as model_config
 
 _PLACEMENTS = itertools.cycle(norm_names.PLACEMENTS)
 _NORMS = itertools.cycle(norm_names.NORM_KINDS)
-CASES = [(kind, next(_PLACEMENTS), next(_NORMS)) for kind in sorted(ENCODINGS)]  # plugins included
+# attention sinks join a softmax: units with their own weights take none
+_SINKS = itertools.cycle(model_config.SINKS)
+_GATES = itertools.cycle(("none", *model_config.GATES))  # every other unit gated
+CASES = [(kind, next(_PLACEMENTS), next(_NORMS),
+          "none" if ENCODINGS[kind].own_attention() else next(_SINKS), next(_GATES))
+         for kind in sorted(ENCODINGS)]  # plugins included
 OPTIONS = {"irope": dict(nope_every=2)}  # a NoPE layer among the 2
 
 
-def test_cases_cover_every_encoding_placement_and_norm():
-    assert [k for k, _, _ in CASES] == sorted(ENCODINGS)
-    assert {p for _, p, _ in CASES} == set(norm_names.PLACEMENTS)
-    assert {n for _, _, n in CASES} == set(norm_names.NORM_KINDS)
+def test_cases_cover_every_encoding_placement_norm_sink_and_gate():
+    assert [c[0] for c in CASES] == sorted(ENCODINGS)
+    assert {c[1] for c in CASES} == set(norm_names.PLACEMENTS)
+    assert {c[2] for c in CASES} == set(norm_names.NORM_KINDS)
+    assert {c[3] for c in CASES} == set(model_config.SINKS)
+    assert {c[4] for c in CASES} == set(model_config.GATES)
 
 
-@pytest.mark.parametrize("kind,placement,norm", CASES)
-def test_every_registered_encoding_passes_check_encoding(kind, placement, norm):
-    summary = check_encoding(kind, model=dict(norm=dict(placement=placement, kind=norm)),
-                             **OPTIONS.get(kind, {}))
+@pytest.mark.parametrize("kind,placement,norm,sinks,gate", CASES)
+def test_every_registered_encoding_passes_check_encoding(kind, placement, norm, sinks, gate):
+    model = dict(norm=dict(placement=placement, kind=norm), attention_sinks=sinks, attention_gate=gate)
+    summary = check_encoding(kind, model=model, **OPTIONS.get(kind, {}))
     assert list(summary) == list(conformance.CHECKS)
     skipped = {c for c, s in summary.items() if s.startswith("skipped")}
     assert skipped == (set() if ENCODINGS[kind].relative else {"shift invariance"}), summary

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from posenc import alibi, fire, hard_alibi, kerple, t5
+from posenc import alibi, fire, hard_alibi, kerple, learned_sinks, t5
 from posenc.kernels import flash_attention, score_term, supported, terms
 from posenc.kernels import flash_kernels as fk
 
@@ -31,8 +31,9 @@ SLOW = os.environ.get("POSENC_SLOW") == "1"
 # ---------------------------------------------------------------- references
 
 def dense_reference(q, k, v, bias, *, scale, causal=True, q_offset=0, kv_length=None, window=None,
-                    chunk=None, softcap=0.0):
-    """Dense attention, float32, masks by index; a row with no visible key gives 0."""
+                    chunk=None, softcap=0.0, sinks=None):
+    """Dense attention, float32, masks by index; a row with no visible key gives 0; ``sinks`` [H]:
+    the softmax of posenc.learned_sinks (gpt-oss's sink column)."""
     B, Lq, H, _ = q.shape
     Lk, K = k.shape[1], k.shape[2]
     kr = jnp.repeat(k, H // K, axis=2).astype(jnp.float32)
@@ -53,6 +54,9 @@ def dense_reference(q, k, v, bias, *, scale, causal=True, q_offset=0, kv_length=
     if chunk is not None:
         mask &= (i // chunk) == (j // chunk)
     s = jnp.where(mask, s, -jnp.inf)
+    if sinks is not None:
+        w = learned_sinks.softmax(s, sinks)
+        return jnp.einsum("bhqk,bkhd->bqhd", w, vr, precision=jax.lax.Precision.HIGHEST)
     m = jax.lax.stop_gradient(jnp.max(s, -1, keepdims=True))
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     e = jnp.where(mask, jnp.exp(s - m), 0.0)
@@ -294,6 +298,37 @@ def test_bf16_gqa_window_chunk_and_rows_with_no_visible_key_tpu_interpreter():
     _close_tree(g_got, g_want, rtol=5e-2, atol=5e-2)
 
 
+def test_learned_sinks_with_a_term_gqa_window_and_rows_with_no_visible_key():
+    """gpt-oss sinks (posenc.learned_sinks) in the kernel: ALiBi term, 4 query heads on 2 kv heads,
+    window 3, kv_length 9 with q_offset 4 (query i sits at key index 4 + i and sees keys
+    2 + i .. 4 + i below 9: rows 7.. see none, output 0, all their mass on the sink). Values
+    and the gradients of q, k, v, the slopes and the sinks equal the dense sink softmax's;
+    sinks from -2 to 3 (one far above every logit)."""
+    B, Lq, Lk, H, K, D = 1, 12, 12, 4, 2, 8
+    q, k, v, w = _inputs(60, B, Lq, Lk, H, K, D)
+    qp, kp = jnp.arange(4, 4 + Lq)[None], jnp.arange(Lk)[None]
+    P = {"slopes": alibi.slopes(H), "sinks": jnp.array([-2.0, 0.0, 0.7, 3.0])}
+    kw = dict(scale=D ** -0.5, window=3, q_offset=4, kv_length=9)
+
+    def kernel(q, k, v, P):
+        return flash_attention(q, k, v, q_positions=qp, k_positions=kp,
+                               score_terms=[terms.alibi(P["slopes"])], sinks=P["sinks"],
+                               block_q=8, block_k=8, interpret=True, **kw)
+
+    def reference(q, k, v, P):
+        return dense_reference(q, k, v, alibi.bias(qp, kp, P["slopes"]), sinks=P["sinks"], **kw)
+
+    (_, got), g_got = _value_and_grads(kernel, w)(q, k, v, P)
+    (_, want), g_want = _value_and_grads(reference, w)(q, k, v, P)
+    _close("out", got, want, rtol=1e-5, atol=1e-5)
+    _close_tree(g_got, g_want, rtol=1e-4, atol=1e-5)
+    assert float(jnp.abs(g_want[3]["sinks"]).min()) > 1e-3
+    np.testing.assert_array_equal(np.asarray(got[:, 7:]), 0.0)
+    plain = flash_attention(q, k, v, q_positions=qp, k_positions=kp, block_q=8, block_k=8,
+                            interpret=True, **kw)
+    assert float(jnp.abs(plain - got).max()) > 1e-2  # the sinks take part
+
+
 def test_nope_causal_under_vmap_and_grad():
     """No term (RoPE / NoPE): plain causal flash attention under vmap (one example per call),
     block_q != block_k; values and gradients equal the dense reference."""
@@ -466,7 +501,7 @@ def test_bad_arguments_raise_value_errors():
 
 def _export(platform, dtype=jnp.bfloat16):
     """StableHLO text of the jitted gradient (forward, dq, dk/dv kernels; every term, GQA,
-    softcap, window, chunk) for "cuda" (an abstract H100) or "tpu", at the default blocks.
+    softcap, window, chunk, learned sinks) for "cuda" (an abstract H100) or "tpu", at the default blocks.
     Also used by test_triton_compile.py, which compiles its Triton kernels to cubins."""
     from jax import export
     from jax._src.mesh import AbstractDevice, AbstractMesh
@@ -485,8 +520,8 @@ def _export(platform, dtype=jnp.bfloat16):
         P2 = {**P, "log_fgate": lf}
         o = flash_attention(q, k, v, q_positions=pos, k_positions=pos,
                             score_terms=_causal_terms(P2, L), scale=D ** -0.5, q_offset=q_offset,
-                            softcap=30.0, window=200, chunk=128, block_q=bq, block_k=bk,
-                            interpret=False, backend="gpu" if platform == "cuda" else "tpu")
+                            softcap=30.0, window=200, chunk=128, sinks=jnp.linspace(-1.0, 1.0, H),
+                            block_q=bq, block_k=bk, interpret=False, backend="gpu" if platform == "cuda" else "tpu")
         return o.astype(jnp.float32).sum()
 
     fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))

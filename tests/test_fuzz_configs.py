@@ -3,7 +3,8 @@ random invalid ones raise a ValueError naming the field and the allowed values, 
 before the workdir exists.
 
 Valid configs mix every registered encoding (RoPE with each frequency scaling), norm, placement,
-QK-norm, soft-caps, grouped-query attention, compute dtype and attention implementation. Default: a
+QK-norm, soft-caps, grouped-query attention, attention sinks, output gate, compute dtype and attention
+implementation. Default: a
 few examples (one compile each); ``POSENC_SLOW=1``: many more.
 """
 
@@ -94,7 +95,11 @@ def valid_fields(draw):
          "model.norm.v_norm": draw(st.booleans()),
          "model.residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
          "model.logits_multiplier": draw(st.sampled_from([1.0, 0.25])),
-         "train.z_loss": draw(st.sampled_from([0.0, 1e-4]))}
+         "train.z_loss": draw(st.sampled_from([0.0, 1e-4])),
+         "model.attention_gate": draw(st.sampled_from(model_config_lib.GATES)),
+         # sinks join a softmax: a unit with its own weights takes none
+         "model.attention_sinks": "none" if ENCODINGS[kind].own_attention() else draw(
+             st.sampled_from(model_config_lib.SINKS))}
     if placements.PLACEMENTS[f["model.norm.placement"]].qkv_norm:  # q, k, v normed already
         f.update({"model.norm.qk_norm": "none", "model.norm.v_norm": False})
     if kind == "rope":
@@ -221,6 +226,8 @@ _NUMBER = "must be "
 MUTATIONS = {
     "model.mlp": (_not_in(model_config_lib.MLPS), _CHOOSE + ", ".join(sorted(model_config_lib.MLPS))),
     "model.dtype": (_not_in(model_config_lib.DTYPES), _CHOOSE + ", ".join(sorted(model_config_lib.DTYPES))),
+    "model.attention_sinks": (_not_in(model_config_lib.SINKS), _CHOOSE + ", ".join(sorted(model_config_lib.SINKS))),
+    "model.attention_gate": (_not_in(model_config_lib.GATES), _CHOOSE + ", ".join(sorted(model_config_lib.GATES))),
     "model.position.randomized_per": (_not_in(("batch", "example")), _CHOOSE + "batch, example"),
     "model.position.rope.scaling": (_not_in(rope_scaling.KINDS), _CHOOSE + ", ".join(sorted(rope_scaling.KINDS))),
     "model.position.rope.layout": (_not_in(rope.LAYOUTS), _CHOOSE + ", ".join(sorted(rope.LAYOUTS))),

@@ -13,9 +13,10 @@ from posenc.training import loop, prepare
 from posenc.training import step as step_lib
 
 
-def _config(threshold=0.0):
+def _config(threshold=0.0, gate="none"):
     c = importlib.import_module("posenc.configs.default").get_config("tiny")
-    c.model.update(num_layers=2, num_heads=4, num_kv_heads=2, bias="qkv")  # grouped heads; biases scaled too
+    # grouped heads; biases scaled too; a gate in wq beside the queries is not
+    c.model.update(num_layers=2, num_heads=4, num_kv_heads=2, bias="qkv", attention_gate=gate)
     c.train.update(batch_size=4, learning_rate=3e-2, warmup_steps=0, qk_clip=threshold)
     return c
 
@@ -29,24 +30,28 @@ def _step(r, key):
     return model, np.asarray(stats["max_logit_per_head"]), metrics
 
 
-def test_the_step_clips_exactly_the_heads_whose_logit_passed_the_threshold():
+@pytest.mark.parametrize("gate", ["none", "elementwise"])
+def test_the_step_clips_exactly_the_heads_whose_logit_passed_the_threshold(gate):
     key = jax.random.key(5)
-    plain, logits, _ = _step(prepare.resolve(_config()), key)
+    plain, logits, _ = _step(prepare.resolve(_config(gate=gate)), key)
     assert logits.shape == (2, 4)  # [layers, heads]
     threshold = float(np.median(logits))  # some heads above it, some below
-    clipped, logits_c, metrics = _step(prepare.resolve(_config(threshold)), key)
+    clipped, logits_c, metrics = _step(prepare.resolve(_config(threshold, gate)), key)
     np.testing.assert_allclose(logits_c, logits, rtol=1e-5)  # the same forward
     assert float(metrics["qk_clipped_heads"]) == float((logits > threshold).sum()) > 0
     scales = [qk_clip.clip_scales(layer, num_kv_heads=2, threshold=threshold) for layer in logits]
     q_all = np.concatenate([np.asarray(q) for q, _ in scales])
     assert 0 < q_all.min() < 1 and q_all.max() == 1.0  # some groups clipped, some not
     for (a, b), (q_scale, k_scale) in zip(zip(plain.blocks, clipped.blocks), scales):
-        np.testing.assert_allclose(b.attn.wq[...], qk_clip.scale_heads(a.attn.wq[...], q_scale, head_axis=1),
+        dh = a.attn.head_dim
+        np.testing.assert_allclose(b.attn.wq[..., :dh],
+                                   qk_clip.scale_heads(a.attn.wq[..., :dh], q_scale, head_axis=1),
                                    rtol=5e-3, atol=1e-3)
+        np.testing.assert_allclose(b.attn.wq[..., dh:], a.attn.wq[..., dh:], rtol=5e-3, atol=1e-3)  # the gate
         np.testing.assert_allclose(b.attn.wk[...], qk_clip.scale_heads(a.attn.wk[...], k_scale, head_axis=1),
                                    rtol=5e-3, atol=1e-3)
-        np.testing.assert_allclose(b.attn.biases["q"][...],
-                                   qk_clip.scale_heads(a.attn.biases["q"][...], q_scale, head_axis=0),
+        np.testing.assert_allclose(b.attn.biases["q"][..., :dh],
+                                   qk_clip.scale_heads(a.attn.biases["q"][..., :dh], q_scale, head_axis=0),
                                    rtol=5e-3, atol=1e-3)
         np.testing.assert_allclose(b.attn.wv[...], a.attn.wv[...], rtol=5e-3, atol=1e-3)  # values untouched
 

@@ -13,7 +13,10 @@ the dq kernel (arrays, per-query vectors) and the dk/dv kernel (per-key
 vectors). Masks are by index: key j is visible to query i iff j < kv_length
 and (causal) j <= q_offset + i and (window W) q_offset + i - W < j and
 (chunk C) (q_offset + i) // C == j // C. A query with no visible key gets
-output 0 and zero gradients.
+output 0 and zero gradients. Learned sinks (gpt-oss; ``sinks`` [H], as
+``posenc.learned_sinks``) join each row's denominator after the key loop; the
+saved log-sum-exp includes them, so the backward kernels are unchanged and the
+sinks' gradient is one reduction outside them.
 
 Backends: Triton on GPU, Mosaic on TPU, the Pallas interpreter elsewhere
 (``interpret=None`` picks it on CPU; ``interpret=True`` forces it).
@@ -280,7 +283,7 @@ def _pad_to(x, axis, size):
 
 
 def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale, causal=True,
-                    q_offset=0, kv_length=None, window=None, chunk=None, softcap=0.0,
+                    q_offset=0, kv_length=None, window=None, chunk=None, softcap=0.0, sinks=None,
                     block_q=None, block_k=None, interpret=None, backend=None):
     """Fused attention with in-kernel position terms (see module doc).
 
@@ -293,6 +296,8 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
       causal, window, chunk, kv_length, q_offset: masks by index (module doc); q_offset
         and kv_length may be traced scalars.
       softcap: 0 = off, else ``cap * tanh(s / cap)`` on the pre-mask logit.
+      sinks: None, or a float [H] of learned sink logits (gpt-oss, ``posenc.learned_sinks``): each
+        joins its head's softmax denominator, ``exp(s_h - m)`` after the key loop; differentiable.
       block_q, block_k: powers of two (default 64 on GPU, 128 on TPU), clipped to the lengths.
       interpret: None = the Pallas interpreter on CPU, compiled kernels elsewhere; True
         forces the interpreter; ``pltpu.InterpretParams()`` with ``backend="tpu"`` runs
@@ -328,6 +333,11 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
     k_positions = _check_positions("k_positions", k_positions, B, Lk)
     terms = score_term.as_terms(score_terms)
     score_term.check_heads(terms, H, B, Lq, Lk)
+    if sinks is not None:
+        sinks = jnp.asarray(sinks)
+        if sinks.shape != (H,):
+            raise ValueError(f"sinks must have shape [H] = ({H},); got {sinks.shape}")
+        sinks = sinks.astype(jnp.float32).reshape(H, 1, 1)
     backend, interpret = resolve_backend(backend, interpret)
     bq, bk = _blocks(block_q, block_k, Lq, Lk, backend)
     nq, nk = -(-Lq // bq), -(-Lk // bk)
@@ -356,9 +366,9 @@ def flash_attention(q, k, v, *, q_positions, k_positions, score_terms=(), scale,
     cfg = fk.Config(scale=scale, causal=causal, window=window, chunk=chunk, softcap=softcap,
                     block_q=bq, block_k=bk, groups=H // K, batch_pos=q_positions.shape[0] > 1
                     or k_positions.shape[0] > 1, terms=tuple(skeleton), interpret=interpret,
-                    backend=backend)
+                    backend=backend, sinks=sinks is not None)
     if cfg.batch_pos:
         qpos = jnp.broadcast_to(qpos, (B,) + qpos.shape[1:])
         kpos = jnp.broadcast_to(kpos, (B,) + kpos.shape[1:])
-    out = flash_calls.flash(cfg, qt, kt, vt, qpos, kpos, scal, tuple(arrays))
+    out = flash_calls.flash(cfg, qt, kt, vt, qpos, kpos, scal, tuple(arrays), sinks)
     return jnp.swapaxes(out[:, :, :Lq, :Dv], 1, 2)

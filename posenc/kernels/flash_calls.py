@@ -32,17 +32,24 @@ from posenc.kernels import flash_kernels as fk
 # ---------------------------------------------------------------- custom VJP
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def flash(cfg, q, k, v, qpos, kpos, scal, arrays):
-    return _forward(cfg, q, k, v, qpos, kpos, scal, arrays)[0].astype(q.dtype)
+def flash(cfg, q, k, v, qpos, kpos, scal, arrays, sinks):
+    return _forward(cfg, q, k, v, qpos, kpos, scal, arrays, sinks)[0].astype(q.dtype)
 
 
-def _flash_fwd(cfg, q, k, v, qpos, kpos, scal, arrays):
-    o, lse = _forward(cfg, q, k, v, qpos, kpos, scal, arrays)
-    return o.astype(q.dtype), (q, k, v, qpos, kpos, scal, arrays, o, lse)
+def _flash_fwd(cfg, q, k, v, qpos, kpos, scal, arrays, sinks):
+    o, lse = _forward(cfg, q, k, v, qpos, kpos, scal, arrays, sinks)
+    return o.astype(q.dtype), (q, k, v, qpos, kpos, scal, arrays, sinks, o, lse)
+
+
+def _sink_grad(sinks, lse, delta):
+    """d loss / d s_h = -sum_i w_sink,i delta_i: the sink's value is zero, so its dp is 0 and
+    ds = w_sink (0 - delta), with w_sink = exp(s_h - lse_i) (padded rows have delta 0)."""
+    w_sink = jnp.exp(sinks.reshape(1, -1, 1, 1) - lse)
+    return -jnp.sum(w_sink * delta, axis=(0, 2, 3)).reshape(sinks.shape)
 
 
 def _flash_bwd(cfg, res, do):
-    q, k, v, qpos, kpos, scal, arrays, o, lse = res
+    q, k, v, qpos, kpos, scal, arrays, sinks, o, lse = res
     do = do.astype(q.dtype)
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
     dq, term_grads = _backward_dq(cfg, q, k, v, qpos, kpos, scal, arrays, do, lse, delta)
@@ -52,7 +59,8 @@ def _flash_bwd(cfg, res, do):
     for (_head, _shared, _qv, kv), (gh, gs, gq) in zip(arrays, term_grads):
         gk = None if kv is None else next(kvec_it).reshape(kv.shape)  # [B, H, Lk, 1] -> rows
         grads.append((gh, gs, gq, gk))
-    return dq, dk, dv, None, None, None, tuple(grads)
+    dsinks = None if sinks is None else _sink_grad(sinks, lse, delta)
+    return dq, dk, dv, None, None, None, tuple(grads), dsinks
 
 
 flash.defvjp(_flash_fwd, _flash_bwd)
@@ -114,16 +122,19 @@ def _query_specs(cfg, q, k, qpos, kpos, arrays):
     return specs
 
 
-def _forward(cfg, q, k, v, qpos, kpos, scal, arrays):
+def _forward(cfg, q, k, v, qpos, kpos, scal, arrays, sinks):
     B, H, lqp, dh = q.shape
     grid = (B, H, lqp // cfg.block_q)
     row = pl.BlockSpec((None, None, cfg.block_q, 1), lambda b, h, i: (b, h, i, 0))
     out_specs = [pl.BlockSpec((None, None, cfg.block_q, dh), lambda b, h, i: (b, h, i, 0)), row]
     out_shape = [jax.ShapeDtypeStruct(q.shape, jnp.float32),
                  jax.ShapeDtypeStruct((B, H, lqp, 1), jnp.float32)]
-    return _call(cfg, fk._fwd_kernel, "posenc_flash_fwd", grid,
-                 _query_specs(cfg, q, k, qpos, kpos, arrays), out_specs, out_shape,
-                 scal, q, k, v, qpos, kpos, *_flat(arrays))
+    in_specs, extra = _query_specs(cfg, q, k, qpos, kpos, arrays), []
+    if cfg.sinks:  # [H, 1, 1]: the head's sink logit
+        in_specs.append(pl.BlockSpec((None, 1, 1), lambda b, h, i: (h, 0, 0)))
+        extra.append(sinks)
+    return _call(cfg, fk._fwd_kernel, "posenc_flash_fwd", grid, in_specs, out_specs, out_shape,
+                 scal, q, k, v, qpos, kpos, *_flat(arrays), *extra)
 
 
 def _backward_dq(cfg, q, k, v, qpos, kpos, scal, arrays, do, lse, delta):

@@ -51,6 +51,7 @@ class Config:
     terms: tuple         # ((fn-bearing Term skeleton, n_head, n_shared, has_q, has_k), ...)
     interpret: Any
     backend: str | None  # "gpu" | "tpu" | None (interpret / default specs)
+    sinks: bool = False  # a learned sink logit per head [H, 1, 1] joins the softmax denominator
 
 
 # ---------------------------------------------------------------- the tile
@@ -156,7 +157,8 @@ def _iota(n, axis):
 # ---------------------------------------------------------------- forward
 
 def _fwd_kernel(scal_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, *refs, cfg):
-    terms, (o_ref, lse_ref) = _split_terms(cfg, refs)
+    terms, rest = _split_terms(cfg, refs)
+    sink_ref, (o_ref, lse_ref) = (rest[0], rest[1:]) if cfg.sinks else (None, rest)
     bq, bk = cfg.block_q, cfg.block_k
     qi = pl.program_id(2)
     q_offset, kv_len = scal_ref[0], scal_ref[1]
@@ -191,6 +193,15 @@ def _fwd_kernel(scal_ref, q_ref, k_ref, v_ref, qpos_ref, kpos_ref, *refs, cfg):
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
             jnp.zeros((bq, 1), jnp.float32))
     o, m, l = lax.fori_loop(lo, hi, body, init)
+    if sink_ref is not None:
+        # posenc.learned_sinks.normalizer: the sink joins the denominator only, exp(s - m') with
+        # m' = max(m, s); o follows the shift of m. The lse includes the sink, so the backward
+        # kernels' p = exp(s - lse) are the sink softmax's weights as they are.
+        sink = sink_ref[...].reshape(1, 1)
+        m_new = jnp.maximum(m, sink)
+        alpha = jnp.exp(m - m_new)
+        l = l * alpha + jnp.exp(sink - m_new)
+        o, m = o * alpha, m_new
     # A query with no visible key gets output 0; its lse is never used (all p = 0).
     l_safe = jnp.where(l > 0, l, 1.0)
     o_ref[...] = (o / l_safe).astype(o_ref.dtype)

@@ -7,7 +7,10 @@ and ``encoding.content_logits`` from q, k and positions). The whole pre-mask
 logit is soft-capped (Gemma 2 caps before the mask; we add the position
 terms before the cap too, so that no term can escape it), then the mask is
 applied and ``softmax`` taken. The output is ``w @ v`` plus
-``encoding.values(w, ...)`` (Shaw's relative values).
+``encoding.values(w, ...)`` (Shaw's relative values). With ``call.sinks`` (gpt-oss's
+learned sinks, ``posenc.learned_sinks``) each head's sink logit joins every
+row's denominator: the dense path's softmax, the blocked path's running sum
+after the last key block (``learned_sinks.output_scale``) and the fused kernel.
 
 Masking is by index, not position: key ``j`` is visible to query ``i`` when
 ``j < kv_length`` and (if causal) ``j <= p`` with ``p = q_offset + i`` the
@@ -45,6 +48,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from posenc.attention import learned_sinks
 from posenc.model import fused
 from posenc.model.attention_call import IMPLS, AttentionCall, check_impl
 from posenc.model.attention_call import is_static_int as _static_int
@@ -147,8 +151,9 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
     B, Lq, H, _ = q.shape
     Lk = k.shape[1]
     mask = _call_mask(jnp.arange(Lq), jnp.arange(Lk), call)
+    sinks = call.sinks
     plain = not (encoding.has_content_logits or encoding.has_values or encoding.has_feature_bias
-                 or encoding.has_pair_logits or call.softcap or call.stats
+                 or encoding.has_pair_logits or call.softcap or call.stats or sinks is not None
                  or q.shape[-1] != v.shape[-1])  # jax.nn.dot_product_attention: one head width
     if plain:
         # jax.nn.dot_product_attention picks cuDNN flash attention on GPU when it
@@ -166,9 +171,14 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
     # Softmax written out so the stats reuse its row max m and sum l (one pass
     # over the [B, H, Lq, Lk] logits instead of a log per weight); the max is
     # a constant for the gradient, as in jax.nn.softmax.
-    m = jax.lax.stop_gradient(s.max(-1, keepdims=True))
+    m = m_keys = jax.lax.stop_gradient(s.max(-1, keepdims=True))
+    if sinks is not None:  # posenc.learned_sinks.softmax: the sink joins the denominator only
+        sink = sinks.astype(jnp.float32)[:, None, None]
+        m = jnp.maximum(m, jax.lax.stop_gradient(sink))
     e = jnp.where(mask, jnp.exp(s - m), 0.0)
     l = e.sum(-1, keepdims=True)
+    if sinks is not None:
+        l = l + jnp.exp(sink - m)
     l_safe = jnp.where(l > 0, l, 1.0)  # a row with no visible key gets zero weights
     w = e / l_safe
     out = jnp.einsum("bhqk,bkhd->bqhd", w.astype(v.dtype), vr,
@@ -181,10 +191,13 @@ def _dense_rows(q, k, v, q_positions, k_positions, encoding, call):
         return out
     # Entropy of a row: -sum_j w_j log w_j = log l + sum_j w_j (m - s_j), every
     # term >= 0 (no cancellation); masked keys have w_j = 0.
+    # With sinks, the sink's weight w_s = exp(s_h - m) / l is part of the distribution.
     row_valid = mask.any(-1)[..., None]  # [Lq, 1]
     ent = jnp.log(l_safe) + jnp.sum(w * (m - s), axis=-1, keepdims=True)
+    if sinks is not None:
+        ent = ent + jnp.exp(sink - m) / l_safe * (m - sink)
     rows = jnp.broadcast_to(row_valid, ent.shape)
-    return out, (jnp.max(jnp.where(rows, m, -jnp.inf), axis=(0, 2, 3)), jnp.sum(jnp.where(rows, ent, 0.0)),
+    return out, (jnp.max(jnp.where(rows, m_keys, -jnp.inf), axis=(0, 2, 3)), jnp.sum(jnp.where(rows, ent, 0.0)),
                  rows.sum())
 
 
@@ -359,10 +372,18 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, call: Attenti
                 return run(carry, blk + (kj,))
 
             (o, m, l, a), _ = jax.lax.scan(body, init, jnp.arange(steps))
-        l_safe = jnp.where(l > 0, l, 1.0)
-        out = o / jnp.moveaxis(l_safe, 1, 2)[..., None]
-        # entropy of softmax row: log l + m - (sum_j p_j s_j) / l
-        ent = jnp.log(l_safe) + m - a / l_safe
+        if call.sinks is None:
+            l_safe = jnp.where(l > 0, l, 1.0)
+            out = o / jnp.moveaxis(l_safe, 1, 2)[..., None]
+            # entropy of softmax row: log l + m - (sum_j p_j s_j) / l
+            ent = jnp.log(l_safe) + m - a / l_safe
+            return None, (out.astype(q.dtype), m, ent)
+        # the sink joins the denominator after the last key block (posenc.learned_sinks)
+        out = o * jnp.moveaxis(learned_sinks.output_scale(m, l, call.sinks), 1, 2)[..., None]
+        m_s, l_s = learned_sinks.normalizer(m, l, call.sinks)
+        sink = call.sinks.astype(jnp.float32)[:, None]
+        # entropy with the sink's weight: log Z - sum_j w_j s_j - w_s s_h, log Z = m' + log l'
+        ent = m_s + jnp.log(l_s) - (a * jnp.exp(m - m_s) + sink * jnp.exp(sink - m_s)) / l_s
         return None, (out.astype(q.dtype), m, ent)
 
     _, (out, m, ent) = jax.lax.scan(query_step, None, (qs, qps, qfs, jnp.arange(nq)))
@@ -401,6 +422,9 @@ def attention(q, k, v, q_positions, k_positions, encoding, call: AttentionCall):
     cls.check_span(call.span, where=f"attention with span {call.span!r} (window={call.window}, "
                                     f"chunk={call.chunk})")
     if cls.own_attention():  # stick-breaking, PaTH: the unit's own weights
+        if call.sinks is not None:
+            raise ValueError(f"attention sinks join a softmax, but position kind {cls.name!r} computes "
+                             "its own attention weights")
         return encoding.attention(q, k, v, q_positions, k_positions, call)
     impl = call.impl
     if impl == "pallas" or (impl == "auto" and fused.on_accelerator()):

@@ -32,9 +32,9 @@ class AttentionCall:
     """What one ``posenc.model.attention.attention`` call does besides its arrays (q, k, v,
     positions, encoding).
 
-    A frozen pytree: ``scale``, ``q_offset``, ``kv_length`` and the features
-    are leaves (they may be traced: a learned temperature, the cache length
-    in decoding, per-token arrays); the rest is static (aux data), checked
+    A frozen pytree: ``scale``, ``q_offset``, ``kv_length``, the features and
+    ``sinks`` are leaves (they may be traced: a learned temperature, the cache
+    length in decoding, per-token arrays, learned sinks); the rest is static (aux data), checked
     when the call is made.
 
     Fields:
@@ -57,6 +57,9 @@ class AttentionCall:
       causal_block: dense path only: causal query blocks of this size attend to the keys
         up to their diagonal only (0 = one block; ``attention.dense_attention``).
       stats: also return ``max_attention_logit``, ``max_logit_per_head`` [H] and ``attention_entropy``.
+      sinks: None, or float32 [H]: one sink logit per query head joining every row's softmax
+        denominator (gpt-oss; ``posenc.learned_sinks``), in every path. Units with their own
+        attention weights (``Encoding.attention``) refuse it.
     """
 
     scale: Any
@@ -72,6 +75,7 @@ class AttentionCall:
     block: int = _static(512)
     causal_block: int = _static(0)
     stats: bool = _static(False)
+    sinks: Any = None
 
     def __post_init__(self):
         check_impl(self.impl)

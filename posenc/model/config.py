@@ -16,6 +16,7 @@ from __future__ import annotations
 import ml_collections
 
 from posenc import checks
+from posenc.attention import gated
 from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options
 from posenc.model.attention_call import IMPLS
@@ -27,6 +28,8 @@ LAYER_RULES = ("all", "positional", "nope")
 MLPS = ("gelu", "gelu_erf", "swiglu", "geglu")  # posenc.model.layers.MLP
 BIASES = ("none", "qkv", "attention", "all")
 DTYPES = ("auto", "float32", "bfloat16")
+SINKS = ("none", "learned", "zero")  # posenc.learned_sinks: a learned sink per head, or a fixed 0
+GATES = ("none", *gated.MODES)  # posenc.gated: the output gate's width per head
 
 
 def _named(check):
@@ -162,6 +165,13 @@ class Model(Section):
     attention_causal_block = Field(64, checks.nonnegative_int,
                                    "dense causal attention: query blocks skip keys past their diagonal "
                                    "(0 = off)")
+    attention_sinks = Field("none", checks.one_of(*SINKS),
+                            "none | learned (a sink logit per head, init 0, in every softmax's "
+                            "denominator: gpt-oss) | zero (a fixed 0: softmax + 1)")
+    attention_gate = Field("none", checks.one_of(*GATES),
+                           "none | elementwise | headwise: attention output * sigmoid(gate) before the "
+                           "output projection; the query projection gives each head's gate after its "
+                           "query (Qwen3-Next; Qiu et al. 2025)")
     attention_span = Field("full", checks.one_of(*encoding.SPANS),
                            "full | window (keys j with i - W < j <= i) | chunk (the query's chunk of C)")
     attention_window = Field(0, checks.nonnegative_int, "W of the window layers")

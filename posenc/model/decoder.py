@@ -209,7 +209,7 @@ class Decoder(nnx.Module):
         positions = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32)
 
         def features(x, positions):
-            q, k, v = attn.project(x)
+            q, k, v, _ = attn.project(x)
             return enc.prepare(x, q, k, v, positions, state=enc.init_state(batch_size))[3]
 
         shapes = jax.eval_shape(features, x, positions)

@@ -97,7 +97,7 @@ def plan(q, k, v, q_positions, k_positions, encoding, call):
 def attention(q, k, v, q_positions, k_positions, terms, call):
     """``posenc.kernels.flash_attention`` with the terms of :func:`plan`; -> [B, Lq, H, Dh] in q.dtype.
 
-    ``call``: the ``AttentionCall`` (scale, mask, offsets, soft-cap; its window / chunk
+    ``call``: the ``AttentionCall`` (scale, mask, offsets, soft-cap, sinks; its window / chunk
     span masks are those of ``posenc.model.attention``, and the kernel skips the key
     blocks outside them).
     """
@@ -106,4 +106,4 @@ def attention(q, k, v, q_positions, k_positions, terms, call):
         q, k, v, q_positions=q_positions, k_positions=k_positions, score_terms=terms,
         scale=float(call.scale), causal=call.causal, q_offset=call.q_offset,
         kv_length=call.kv_length, softcap=float(call.softcap), window=call.window or None,
-        chunk=call.chunk or None, backend=backend, interpret=interpret)
+        chunk=call.chunk or None, sinks=call.sinks, backend=backend, interpret=interpret)

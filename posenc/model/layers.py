@@ -7,7 +7,8 @@ Parameters are float32 ``nnx.Param``; matmuls run in the compute dtype
 ``posenc.logit_scale``. The attention sublayer runs the encoding's hooks
 (``posenc.model.encoding``) in order: ``prepare`` (data-dependent terms from
 the layer input), ``qk``, the logit scale, attention (the unit's own or the
-softmax of ``posenc.model.attention`` with the layer's span), ``output``.
+softmax of ``posenc.model.attention`` with the layer's span and sinks,
+``posenc.learned_sinks``), ``output``, then the output gate (``posenc.gated``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.attention import logit_scale
+from posenc.attention import gated, logit_scale
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
@@ -127,7 +128,10 @@ class MLP(nnx.Module):
 
 class Attention(nnx.Module):
     """Multi-head / grouped-query attention with QK-norm, a position encoding, the layer's span
-    (full, sliding window or chunk) and a length-aware logit scale (``posenc.logit_scale``)."""
+    (full, sliding window or chunk), a length-aware logit scale (``posenc.logit_scale``),
+    attention sinks (``model.attention_sinks``: ``sinks`` [H], gpt-oss) and an output gate
+    (``model.attention_gate``: ``wq`` [D, H, Dh + gate_dim], each head's query then its gate,
+    Qwen3-Next's ``q_proj`` layout)."""
 
     def __init__(self, spec, encoding, *, dtype, vo_gain, rngs, layer_index=0):
         D, H, K, head_dim = spec.d_model, spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -152,6 +156,9 @@ class Attention(nnx.Module):
         self.logit_opts = {"train_length": ls.train_length, "floor_scale": ls.floor_scale,
                            "attn_scale": ls.attn_scale}
         self.encoding = encoding
+        self.gate_mode = spec.attention_gate
+        gate_dim = 0 if self.gate_mode == "none" else gated.gate_dim(self.gate_mode, head_dim)
+        self.sink_kind = spec.attention_sinks
 
         def proj(shape, fan_in, fan_out, gain):
             if gain is None:
@@ -160,37 +167,49 @@ class Attention(nnx.Module):
 
         # DeepNorm: q/k xavier gain 1, v/out xavier gain beta.
         qk_gain = None if vo_gain is None else 1.0
-        self.wq = proj((D, H, head_dim), D, H * head_dim, qk_gain)
+        self.wq = proj((D, H, head_dim + gate_dim), D, H * (head_dim + gate_dim), qk_gain)
         self.wk = proj((D, K, head_dim), D, K * head_dim, qk_gain)
         self.wv = proj((D, K, head_dim), D, K * head_dim, vo_gain)
         self.wo = proj((H, head_dim, D), H * head_dim, D, vo_gain)
         bias = {"none": (), "qkv": ("q", "k", "v")}.get(spec.bias, ("q", "k", "v", "o"))
-        heads = {"q": H, "k": K, "v": K}
-        self.biases = nnx.Dict({n: nnx.Param(jnp.zeros((heads[n], head_dim) if n in heads else (D,),
-                                                       jnp.float32)) for n in bias})
+        heads = {"q": (H, head_dim + gate_dim), "k": (K, head_dim), "v": (K, head_dim)}
+        self.biases = nnx.Dict({n: nnx.Param(jnp.zeros(heads.get(n, (D,)), jnp.float32)) for n in bias})
         qk = qk_norm.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
         self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
         # Scalable-Softmax: s (and b) per head of this layer.
         ssmax = self.logit_scale == "ssmax"
         self.ssmax_s = nnx.Param(jnp.full((H,), ls.ssmax_init, jnp.float32)) if ssmax else None
         self.ssmax_b = nnx.Param(jnp.zeros((H,), jnp.float32)) if ssmax and ls.ssmax_bias else None
+        # gpt-oss's learned sinks: one float32 logit per query head, init 0 (model.attention_sinks)
+        self.sinks = nnx.Param(jnp.zeros((H,), jnp.float32)) if self.sink_kind == "learned" else None
 
     def project(self, x):
-        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-, V- or QKV-normed, not yet rotated).
+        """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-, V- or QKV-normed, not yet rotated) and
+        the gate logits [B, L, H, Dh | 1] (None without ``model.attention_gate``).
 
-        One [D, (H + 2K) Dh] matmul for q, k and v: the input is read (and, for
-        the weight gradient, transposed) once instead of three times.
+        One [D, (H (Dh + gate_dim) + 2K Dh] matmul for q (and its gate), k and v: the input is
+        read (and, for the weight gradient, transposed) once instead of three times.
         """
         ws = [p[...].astype(self.dtype) for p in (self.wq, self.wk, self.wv)]
         w = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
         qkv = linear(x, w)
         H, K, Dh = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = jnp.split(qkv, [H * Dh, (H + K) * Dh], axis=-1)
+        wq = ws[0].shape[-1] * H  # H (Dh + gate_dim)
+        q, k, v = jnp.split(qkv, [wq, wq + K * Dh], axis=-1)
         lead = x.shape[:-1]
-        q, k, v = q.reshape(lead + (H, Dh)), k.reshape(lead + (K, Dh)), v.reshape(lead + (K, Dh))
-        if len(self.biases):
-            b = {n: p[...].astype(q.dtype) for n, p in self.biases.items()}
-            q, k, v = q + b["q"], k + b["k"], v + b["v"]
+        k, v = k.reshape(lead + (K, Dh)), v.reshape(lead + (K, Dh))
+        b = {n: p[...].astype(qkv.dtype) for n, p in self.biases.items()}
+        gate = None
+        if self.gate_mode == "none":
+            q = q.reshape(lead + (H, Dh))
+            if b:
+                q = q + b["q"]
+        else:  # the bias covers the whole widened projection, as q_proj's in Qwen3-Next
+            if b:
+                q = q + b["q"].reshape(-1)
+            q, gate = gated.split_query_gate(q, num_heads=H, head_dim=Dh, mode=self.gate_mode)
+        if b:
+            k, v = k + b["k"], v + b["v"]
         if self.qkv_params is not None:  # HybridNorm: q, k, v per head, before any rotation
             g = self.qkv_params
             q, k, v = hybrid_norm.qkv_norm(q, k, v, g["q_scale"][...], g["k_scale"][...], g["v_scale"][...],
@@ -199,7 +218,7 @@ class Attention(nnx.Module):
             v = hybrid_norm.value_norm(v, eps=self.norm_eps)
         if not self.qk_norm_after_rope:
             q, k = self._qk_norm(q, k)
-        return q, k, v
+        return q, k, v, gate
 
     def _qk_norm(self, q, k):
         params = {n: p[...] for n, p in self.qk_params.items()}
@@ -207,12 +226,12 @@ class Attention(nnx.Module):
 
     def forward(self, x, positions, *, seq_len, causal=True, return_stats=False):
         """The full forward pass of the sublayer: x [B, L, D] -> [B, L, D] (, stats)."""
-        q, k, v = self.project(x)
+        q, k, v, gate = self.project(x)
         enc = self.encoding
         q, k, v, feats, _ = enc.prepare(x, q, k, v, positions, state=enc.init_state(x.shape[0]))
         return self.attend(q, k, v, positions, positions, seq_len=seq_len, causal=causal,
                            return_stats=return_stats, q_features=feats,
-                           k_features=_cached(enc, feats))
+                           k_features=_cached(enc, feats), gate=gate)
 
     @property
     def keys_cached_transformed(self) -> bool:
@@ -232,7 +251,7 @@ class Attention(nnx.Module):
         [B, S, ...], "state": the unit's decoding state}; ``length`` slots are
         written. The queries sit at key indices ``length + i``.
         """
-        q, k, v = self.project(x)
+        q, k, v, gate = self.project(x)
         enc = self.encoding
         q, k, v, feats, state = enc.prepare(x, q, k, v, positions, state=entry["state"])
         rotated = self.keys_cached_transformed
@@ -244,9 +263,17 @@ class Attention(nnx.Module):
               for n, f in _cached(enc, feats).items()}
         y = self.attend(q, ck.astype(q.dtype), cv.astype(v.dtype), positions, all_positions,
                         seq_len=seq_len, q_offset=length, kv_length=length + x.shape[1],
-                        q_features=feats, k_features=cf, keys_transformed=rotated)
+                        q_features=feats, k_features=cf, keys_transformed=rotated, gate=gate)
         ck = enc.update_cache(ck, feats, start=length)
         return y, {"k": ck, "v": cv, "features": cf, "state": state}
+
+    def _sinks(self):
+        """The call's sink logits [H] (``AttentionCall.sinks``), or None without sinks."""
+        if self.sink_kind == "learned":
+            return self.sinks[...]
+        if self.sink_kind == "zero":  # the off-by-one softmax: exp(l_ij) / (1 + sum_k exp(l_ik))
+            return jnp.zeros((self.num_heads,), jnp.float32)
+        return None
 
     def scale_queries(self, q, q_positions, *, q_offset, kv_length, causal):
         """Queries times the layer's length-aware multiplier (model.logit_scale; float32 math).
@@ -272,12 +299,14 @@ class Attention(nnx.Module):
         return (q.astype(jnp.float32) * m).astype(q.dtype)
 
     def attend(self, q, k, v, q_positions, k_positions, *, seq_len, q_offset=0, kv_length=None,
-               causal=True, return_stats=False, q_features=None, k_features=None, keys_transformed=False):
-        """Rotate with the encoding, scale, attend, project out: -> [B, Lq, D] (, stats).
+               causal=True, return_stats=False, q_features=None, k_features=None, keys_transformed=False,
+               gate=None):
+        """Rotate with the encoding, scale, attend, gate, project out: -> [B, Lq, D] (, stats).
 
         Positions may have batch 1 (shared by every example); every encoding
         broadcasts them against the batch of q and k. ``keys_transformed``: ``k``
         holds keys already through ``Encoding.key`` (a cache of a static key transform).
+        ``gate``: the queries' gate logits of :meth:`project` (None: no gate).
         """
         enc = self.encoding
         q_features, k_features = q_features or {}, k_features or {}
@@ -292,10 +321,13 @@ class Attention(nnx.Module):
         call = attn_lib.AttentionCall(
             scale=self.scale, causal=causal, q_offset=q_offset, kv_length=kv_length, window=self.window,
             chunk=self.chunk, softcap=self.softcap, impl=self.impl, block=self.block,
-            causal_block=self.causal_block, stats=return_stats, q_features=q_features, k_features=k_features)
+            causal_block=self.causal_block, stats=return_stats, q_features=q_features, k_features=k_features,
+            sinks=self._sinks())
         res = attn_lib.attention(q, k, v, q_positions, k_positions, enc, call=call)
         out, stats = res if return_stats else (res, None)
         out = enc.output(out, q_features)
+        if gate is not None:
+            out = gated.gate(out, gate)
         wo = self.wo[...].astype(self.dtype)
         y = linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)),
                    wo.reshape(-1, wo.shape[-1]))

@@ -106,6 +106,8 @@ class ModelSpec:
     attention_block: int
     attention_impl: str
     attention_causal_block: int
+    attention_sinks: str  # none | learned | zero (posenc.learned_sinks), every layer
+    attention_gate: str  # none | elementwise | headwise (posenc.gated), every layer
     position: PositionSpec
     norm: NormSpec
     layout: layout_lib.Layout | None = None  # per-layer spans, QK-norm, logit scaling (resolved)
@@ -160,6 +162,7 @@ def _spec(cfg, train_length) -> ModelSpec:
     norm = _norm(cfg.norm)
     _check_own_qk_norm(position, norm, head_dim=head_dim)
     _check_hidden_keys(position, norm)
+    _check_sinks(cfg.attention_sinks, position)
     if cfg.attention_impl == "auto" and fused.on_accelerator():  # plugins told where it matters
         for kind in dict.fromkeys(position.layer_kinds):
             encoding.tell_no_kernel_form(encoding.get(kind))
@@ -177,12 +180,23 @@ def _spec(cfg, train_length) -> ModelSpec:
         tie_embeddings=bool(cfg.tie_embeddings), dtype=dtype,
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
+        attention_sinks=cfg.attention_sinks, attention_gate=cfg.attention_gate,
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
         logits_multiplier=float(cfg.logits_multiplier),
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
+
+
+def _check_sinks(sinks: str, position) -> None:
+    """Sinks join a softmax: a layer whose unit computes its own weights (stick-breaking, PaTH) has none."""
+    if sinks == "none":
+        return
+    for i, k in enumerate(position.layer_kinds):
+        if encoding.get(k).own_attention():
+            raise ValueError(f"model.attention_sinks={sinks!r} joins the softmax, but layer {i}'s position "
+                             f"kind {k!r} computes its own attention weights; set model.attention_sinks='none'")
 
 
 def _check_own_qk_norm(position, norm, *, head_dim) -> None:

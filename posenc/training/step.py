@@ -175,14 +175,19 @@ def _qk_clip(model, max_logits, threshold: float):
     ``qk_clip``), so those logits shrink by gamma. Returns the number of query heads whose logit
     passed the threshold (float32).
     """
+    def scaled(param, scale, head_axis, width):
+        # the first ``width`` of each head: the query (or key) itself, not a gate beside it in ``wq``
+        w = param[...]
+        param[...] = w.at[..., :width].set(qk_clip.scale_heads(w[..., :width], scale, head_axis=head_axis))
+
     for i, block in enumerate(model.blocks):
-        attn = block.attn
+        attn, width = block.attn, block.attn.head_dim
         q_scale, k_scale = qk_clip.clip_scales(max_logits[i], num_kv_heads=attn.num_kv_heads, threshold=threshold)
-        attn.wq[...] = qk_clip.scale_heads(attn.wq[...], q_scale, head_axis=1)
-        attn.wk[...] = qk_clip.scale_heads(attn.wk[...], k_scale, head_axis=1)
+        scaled(attn.wq, q_scale, 1, width)
+        scaled(attn.wk, k_scale, 1, width)
         for name, scale in (("q", q_scale), ("k", k_scale)):
             if name in attn.biases:
-                attn.biases[name][...] = qk_clip.scale_heads(attn.biases[name][...], scale, head_axis=0)
+                scaled(attn.biases[name], scale, 0, width)
     return jnp.sum(max_logits > threshold).astype(jnp.float32)
 
 
