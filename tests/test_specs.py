@@ -120,3 +120,24 @@ def test_the_task_spec_is_canonical_and_gives_one_task_object():
     passkey = specs.TaskSpec("passkey", 0, (("depth", 0.5), ("length", None)))
     assert passkey.traced == {"depth": 0.5}
     assert passkey.untraced().options == (("depth", None), ("length", None))
+
+
+def test_the_model_section_is_validated_once(monkeypatch):
+    from posenc.model import config as model_config
+
+    calls = []
+    real = model_config.Model.validate.__func__
+
+    def counted(cls, values, prefix):
+        calls.append(prefix)
+        return real(cls, values, prefix)
+
+    monkeypatch.setattr(model_config.Model, "validate", classmethod(counted))
+    c = _config()
+    prepare.resolve(c)
+    assert calls == ["model"]
+    overrides.apply(c, {"eval.variants": {"long": {"model.position.rope.base": 500.0}}}, schema=schema.Run)
+    # a variant's changed fields are checked too
+    calls.clear()
+    prepare.resolve(c)
+    assert calls == ["model", "model"]

@@ -125,7 +125,13 @@ class ModelSpec:
         ``original_length``, a learned table's ``max_length``). Without it
         such options stay 0, and a unit that needs them says so.
         """
-        return _spec(cfg, train_length)
+        return _spec(config_lib.Model.validate(cfg, "model"), train_length)
+
+    @classmethod
+    def from_values(cls, values, *, train_length: int | None = None) -> ModelSpec:
+        """Resolve ``config.model`` values already validated by their declarations (a run's
+        config after ``posenc.training.schema.validate``): the cross-field rules only."""
+        return _spec(values, train_length)
 
 
 def _fill(cls, values: dict, train_length: int) -> None:
@@ -137,10 +143,10 @@ def _fill(cls, values: dict, train_length: int) -> None:
             values[name] = fill(train_length) if callable(fill) else train_length
 
 
-def _spec(cfg, train_length) -> ModelSpec:
-    # Every field's own check runs once, from its declaration (posenc.model.config.Model);
+def _spec(values, train_length) -> ModelSpec:
+    # Every field's own check ran once, from its declaration (posenc.model.config.Model);
     # what follows are the rules that relate several fields.
-    cfg = ml_collections.ConfigDict(config_lib.Model.validate(cfg, "model"))
+    cfg = ml_collections.ConfigDict(values.to_dict() if hasattr(values, "to_dict") else dict(values))
     sizes = {n: int(cfg[n]) for n in ("vocab_size", "d_model", "num_layers", "num_heads", "attention_block")}
     bias, parallel = cfg.bias, bool(cfg.parallel_residual)
     if parallel and cfg.norm.placement != "pre":

@@ -82,8 +82,11 @@ def _prune_sections(config, spec: ModelSpec) -> None:
             del pos[name]
 
 
-def _model_spec(config, where: str) -> ModelSpec:
-    spec = ModelSpec.from_config(config.model, train_length=int(config.task.train_length))
+def _model_spec(config, where: str, *, validated: bool = False) -> ModelSpec:
+    """The model spec of ``config`` (``validated``: its fields passed their checks already, as the
+    run's own config after ``schema.validate``; an evaluation variant's changed fields have not)."""
+    make = ModelSpec.from_values if validated else ModelSpec.from_config
+    spec = make(config.model, train_length=int(config.task.train_length))
     train_length, pose_length = int(config.task.train_length), int(config.train.pose_length)
     # the positions training feeds: 0 .. L - 1, or PoSE's up to train.pose_length - 1
     needed, name = (pose_length, "train.pose_length") if pose_length else (train_length, "task.train_length")
@@ -116,7 +119,7 @@ def _resolve(config) -> Resolved:
                          f"{largest} at task.train_length={config.task.train_length}")
     config.model.vocab_size = int(task.vocab_size)
     _check_scored_text(task, config)
-    spec = _model_spec(config, "")
+    spec = _model_spec(config, "", validated=True)
     variants = {}
     for name, fields in overrides.as_dict(config.eval.variants).items():
         fields = overrides.as_dict(fields)
