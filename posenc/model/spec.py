@@ -3,7 +3,9 @@
 ``ModelSpec.from_config(config.model)`` is the one validation of a model
 config: every bad field raises ValueError naming the field (full dotted
 name), the bad value and the allowed values; a field of an encoding section
-that the chosen encodings do not use is an error if it was set. The
+that the chosen encodings do not use is an error if it was set. A run's
+config, whose fields ``posenc.training.schema.validate`` checked already,
+goes through ``ModelSpec.from_values`` (the cross-field rules only). The
 :class:`~posenc.model.Decoder` accepts a ModelSpec (trusted) or a ConfigDict
 (validated through this). Everything derived from the config (head_dim,
 per-layer kinds, each unit's options) is resolved here and nowhere else.
