@@ -213,12 +213,7 @@ def _check_own_qk_norm(position, norm, *, head_dim) -> None:
     remapped RoPE) leaves no rotated q, k to normalise, and one that widens them (PoPE) leaves q, k
     wider than the norm's head_dim scales."""
     if norm.qkv_norm:
-        for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
-            field = encoding.get(k).own_qk_norm(opts)
-            if field:
-                raise ValueError(f"model.norm.placement={norm.placement!r} and model.position.{k}.{field} "
-                                 f"both normalise the queries and keys of layer {i}; choose another "
-                                 "placement or turn the unit's own QK-norm off")
+        _check_twice(position, f"model.norm.placement={norm.placement!r}", "choose another placement")
     if norm.qk_norm == "none":
         return
     for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
@@ -233,12 +228,16 @@ def _check_own_qk_norm(position, norm, *, head_dim) -> None:
             raise ValueError(f"model.norm.qk_norm_after_rope=True and model.position.{k}.{field}="
                              f"{opts[field]!r} cannot be combined (layer {i} rotates q and k per "
                              "(query, key) pair inside attention); set qk_norm_after_rope=False")
+    _check_twice(position, f"model.norm.qk_norm={norm.qk_norm!r}", "set model.norm.qk_norm='none'")
+
+
+def _check_twice(position, what: str, fix: str) -> None:
+    """``what`` normalises q and k: refuse a layer whose unit normalises them itself."""
     for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
         field = encoding.get(k).own_qk_norm(opts)
         if field:
-            raise ValueError(f"model.norm.qk_norm={norm.qk_norm!r} and model.position.{k}.{field} "
-                             f"both normalise the queries and keys of layer {i}; set "
-                             "model.norm.qk_norm='none' or turn the unit's own QK-norm off")
+            raise ValueError(f"{what} and model.position.{k}.{field} both normalise the queries and keys "
+                             f"of layer {i}; {fix} or turn the unit's own QK-norm off")
 
 
 def _check_hidden_keys(position, norm) -> None:

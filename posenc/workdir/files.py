@@ -35,7 +35,8 @@ def _clean(value):
     return value
 
 
-def _default(o):
+def json_default(o):
+    """``json.dumps``'s ``default``: arrays as lists, ConfigDicts as dicts."""
     if hasattr(o, "tolist"):
         return o.tolist()
     if hasattr(o, "to_dict"):
@@ -80,12 +81,12 @@ def atomic_write(path: str, content: str | bytes | Callable) -> str:
 
 def write_json(path: str, obj) -> str:
     """Atomically write ``obj`` as indented, sorted JSON (NaN / Inf as null)."""
-    return atomic_write(path, json.dumps(_clean(obj), indent=2, sort_keys=True, default=_default) + "\n")
+    return atomic_write(path, json.dumps(_clean(obj), indent=2, sort_keys=True, default=json_default) + "\n")
 
 
 def write_jsonl(path: str, rows: Iterable[dict]) -> str:
     """Atomically write ``rows`` (one JSON object per line) to ``path``."""
-    return atomic_write(path, "".join(json.dumps(_clean(r), sort_keys=True, default=_default) + "\n"
+    return atomic_write(path, "".join(json.dumps(_clean(r), sort_keys=True, default=json_default) + "\n"
                                       for r in rows))
 
 

@@ -48,15 +48,7 @@ def _drop(d: dict, dotted: str) -> None:
 
 def canonical_json(obj) -> str:
     """Sorted-key compact JSON; tuples become lists (stable across reloads)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_default)
-
-
-def _default(o):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=files.json_default)
 
 
 # The evaluation: what is measured of a trained model, not which model is trained. A run
