@@ -158,7 +158,7 @@ def test_a_static_key_transform_is_cached_transformed(kind, position, rotated):
         np.testing.assert_allclose(logits, model(tokens, deterministic=True), atol=2e-5, rtol=2e-5)
     attn = model.blocks[0].attn
     assert attn.encoding.static_key() == rotated
-    _, k, _ = attn.project(model.blocks[0].norm1(model.embed_tokens(tokens)))  # pre-norm: layer 0's input
+    _, k, _, _ = attn.project(model.blocks[0].norm1(model.embed_tokens(tokens)))  # pre-norm: layer 0's input
     want = attn.encoding.key(k, np.arange(12), seq_len=12) if rotated else k
     np.testing.assert_allclose(cache["k"][0], want, atol=1e-5)
 

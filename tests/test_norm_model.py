@@ -90,7 +90,7 @@ def test_value_norm_is_gemma4s_on_every_value_head_in_every_path():
     model = helpers.decoder("rope", norm=dict(v_norm=True), num_kv_heads=2)
     attn = model.blocks[0].attn
     x = _x(1, 32)
-    _, _, v = attn.project(jnp.asarray(x))
+    _, _, v, _ = attn.project(jnp.asarray(x))
     raw = np.einsum("bld,dhe->blhe", x.astype(np.float64), _np(attn.wv))
     np.testing.assert_allclose(v, _gemma4_rmsnorm(raw), rtol=1e-5, atol=1e-5)
     plain = helpers.decoder("rope", num_kv_heads=2)

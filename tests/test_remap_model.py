@@ -47,7 +47,7 @@ def position(method, **extra):
 
 def reference_attention(attn, x, positions, rel):
     """The attention sublayer in float64 numpy from relative distances ``rel`` [L, L] (NaN: masked)."""
-    q, k, v = (np.asarray(a, np.float64) for a in attn.project(x))
+    q, k, v = (np.asarray(a, np.float64) for a in attn.project(x)[:3])
     enc = attn.encoding
     inv_freq, factor = enc.frequencies(0)
     inv = np.asarray(inv_freq, np.float64)
