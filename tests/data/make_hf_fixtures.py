@@ -132,6 +132,12 @@ def configs():
                                    sliding_window_pattern=4,
                                    rope_parameters={**llama3, "rope_theta": 1e6},
                                    max_position_embeddings=64, **COMMON),
+        # Qwen3-Next with only its full-attention layers and dense MLPs (no Gated DeltaNet, no experts)
+        "qwen3_next": c.Qwen3NextConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, layer_types=["full_attention"] * 2, num_experts=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+            max_position_embeddings=64, **COMMON),
     }
 
 
@@ -146,8 +152,8 @@ def redraw(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:  # norm gains; Gemma's (1 + w) norms start at w = 0
-                offset = 0.0 if type(model).__name__.startswith("Gemma") else 1.0
+            else:  # norm gains; Gemma's and Qwen3-Next's (1 + w) norms start at w = 0
+                offset = 0.0 if type(model).__name__.startswith(("Gemma", "Qwen3Next")) else 1.0
                 p.copy_(offset + 0.1 * torch.randn(p.shape, generator=g))
 
 
