@@ -9,7 +9,7 @@ Not run by the test suite (it needs torch and transformers). Made in a separate 
 Named families are rewritten and the other folders left as they are (no name: every family). Each
 family's weights are drawn with the seed of its place in ``configs()``, so new families go last.
 The committed fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), safetensors 0.8.0
-and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2 and exaone4: Python 3.11.2 with
+and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2, exaone4 and qwen3_next: Python 3.11.2 with
 the same transformers, torch and safetensors). Gemma 3 text (``Gemma3TextConfig``,
 ``Gemma3ForCausalLM``) is in transformers since 4.50 and Llama 4 text (``Llama4TextConfig``,
 ``Llama4ForCausalLM``) since 4.51; this script writes the 5.x config form (``rope_parameters``, per
