@@ -213,6 +213,13 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     old = hf.config(_copy("olmo3", tmp_path, olmo3_old))
     assert old.to_dict() == hf.config(os.path.join(DATA, "olmo3")).to_dict()
 
+    def qwen3_next_old(cfg):  # the hub's form: rope_theta and partial_rotary_factor at the top
+        p = cfg.pop("rope_parameters")
+        cfg.update(rope_theta=p["rope_theta"], partial_rotary_factor=p["partial_rotary_factor"])
+
+    old = hf.config(_copy("qwen3_next", tmp_path, qwen3_next_old))
+    assert old.to_dict() == hf.config(os.path.join(DATA, "qwen3_next")).to_dict()
+
 
 @pytest.mark.parametrize("family,edit,message", [
     ("llama", lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
