@@ -1,4 +1,4 @@
-"""posenc.hf: tiny checkpoints of sixteen HF families load into the Decoder and give transformers' logits.
+"""posenc.hf: tiny checkpoints of seventeen HF families load into the Decoder and give transformers' logits.
 
 Fixtures: tests/data/hf_models/<family>/ (config.json, model.safetensors, logits.npz), made by
 tests/data/make_hf_fixtures.py with transformers 5.24.0 (random weights, eager float32 attention,
@@ -56,7 +56,7 @@ def _full_and_cached(model, tokens):
 def test_fixtures_cover_the_families():
     assert FAMILIES == ["bloom", "cohere2", "exaone4", "gemma2", "gemma3", "glm4", "gpt_neox",
                         "llama", "llama4", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
-                        "smollm3"]
+                        "qwen3_next", "smollm3"]
     assert len(hf.hf_families.FAMILIES) == len(FAMILIES)  # every family the loader has
 
 
@@ -136,6 +136,10 @@ def test_config_of_the_families_with_layer_patterns():
     g4 = hf.config(os.path.join(DATA, "glm4"))
     assert (g4.norm.placement, g4.bias, g4.position.rope.layout, g4.position.rope.rotary_fraction) == (
         "sandwich", "qkv", "interleaved", 0.5)
+    qn = hf.config(os.path.join(DATA, "qwen3_next"))  # full-attention layers only, dense MLPs
+    assert (qn.attention_gate, qn.norm.kind, qn.norm.qk_norm, qn.attention_span) == (
+        "elementwise", "rms_offset", "rms", "full")
+    assert (qn.position.rope.rotary_fraction, qn.position.rope.base, qn.bias) == (0.25, 1e6, "none")
     c2 = hf.config(os.path.join(DATA, "cohere2"))
     assert c2.position.layers == ({"layers": (3,), "kind": "nope"},)
     assert (c2.norm.kind, c2.parallel_residual, c2.logits_multiplier, c2.tie_embeddings) == (
@@ -209,6 +213,13 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     old = hf.config(_copy("olmo3", tmp_path, olmo3_old))
     assert old.to_dict() == hf.config(os.path.join(DATA, "olmo3")).to_dict()
 
+    def qwen3_next_old(cfg):  # the hub's form: rope_theta and partial_rotary_factor at the top
+        p = cfg.pop("rope_parameters")
+        cfg.update(rope_theta=p["rope_theta"], partial_rotary_factor=p["partial_rotary_factor"])
+
+    old = hf.config(_copy("qwen3_next", tmp_path, qwen3_next_old))
+    assert old.to_dict() == hf.config(os.path.join(DATA, "qwen3_next")).to_dict()
+
 
 @pytest.mark.parametrize("family,edit,message", [
     ("llama", lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
@@ -218,11 +229,27 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     ("smollm3", lambda c: c.update(layer_types=["sliding_attention"] * 4, sliding_window=8),
      r"unsupported field use_sliding_window=False"),
     ("cohere2", lambda c: c.update(sliding_window=None), r"unsupported field sliding_window=None"),
+    ("qwen3_next", lambda c: c.update(layer_types=["linear_attention", "full_attention"]),
+     r"unsupported linear-attention layers \[0\] .*Gated DeltaNet"),
+    ("qwen3_next", lambda c: c.pop("layer_types"),  # HF's default: 3 linear layers : 1 full
+     r"unsupported linear-attention layers \[0, 1\] "),
+    ("qwen3_next", lambda c: c.update(num_experts=8, decoder_sparse_step=2),
+     r"unsupported mixture-of-experts layers \[1\] .*num_experts=8"),
+    ("qwen3_next", lambda c: c.pop("num_experts"),  # HF's default: 512 experts in every layer
+     r"unsupported mixture-of-experts layers \[0, 1\] "),
 ])
 def test_unsupported_architecture_or_field_is_one_line(tmp_path, family, edit, message):
     with pytest.raises(ValueError, match=message) as err:
         hf.load(_copy(family, tmp_path, edit))
     assert "\n" not in str(err.value)
+
+
+def test_qwen3_next_with_every_layer_in_mlp_only_layers_loads_dense(tmp_path):
+    """Experts in the config but none in a layer (mlp_only_layers): the dense checkpoint's logits."""
+    z = _fixture("qwen3_next")
+    out = _copy("qwen3_next", tmp_path, lambda c: c.update(num_experts=8, mlp_only_layers=[0, 1]))
+    got = np.asarray(jax.jit(hf.load(out))(jnp.asarray(z["tokens"])))
+    assert float(np.abs(got - z["logits"]).max()) < TOL
 
 
 def test_missing_or_extra_tensors_are_named(tmp_path):

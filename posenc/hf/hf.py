@@ -10,8 +10,10 @@ with the checkpoint's sizes, RoPE, spans and norms. Parameters are read with
 ``safetensors``' numpy API (``pip install posenc[hf]``): torch is not needed.
 
 Families (``config.json`` ``model_type``): llama (Llama 2 / 3.x, SmolLM),
-mistral, qwen2, qwen3 (dense), smollm3, gemma2, gemma3_text, llama4_text
-(dense layers), olmo2, olmo3, exaone4, glm4, cohere2, gpt_neox, phi3, bloom.
+mistral, qwen2, qwen3 (dense), qwen3_next (full-attention layers and dense
+MLPs only: a checkpoint with linear-attention or mixture-of-experts layers is
+refused), smollm3, gemma2, gemma3_text, llama4_text (dense layers), olmo2,
+olmo3, exaone4, glm4, cohere2, gpt_neox, phi3, bloom.
 Config formats of transformers 4.x (``rope_theta``,
 ``rope_scaling``) and 5.x (``rope_parameters``) are both read. An
 unsupported architecture or field is a ValueError of one line naming it.

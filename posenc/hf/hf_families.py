@@ -337,6 +337,34 @@ def _cohere2_fields(hf):
     return out
 
 
+def _qwen3_next_fields(hf):
+    """Qwen3-Next's full-attention layers: gated attention (each head's gate after its query in
+    q_proj), (1 + w) RMSNorms, per-head qk-norm, partial RoPE and dense MLPs."""
+    n = int(hf["num_hidden_layers"])
+    every = hf.get("full_attention_interval", 4)  # HF's layer_types when the config has none
+    types = hf.get("layer_types") or _every(n, every, "linear_attention", "full_attention")
+    linear = [i for i, t in enumerate(types) if t == "linear_attention"]
+    if linear:
+        raise ValueError(f"unsupported linear-attention layers {linear} in config.json (model_type "
+                         "'qwen3_next'): Gated DeltaNet is not in posenc (a checkpoint whose "
+                         "layer_types are all full_attention loads)")
+    experts, step = hf.get("num_experts", 512), hf.get("decoder_sparse_step", 1)
+    dense = set(hf.get("mlp_only_layers") or ())
+    moe = [i for i in range(n) if i not in dense and experts and step and (i + 1) % step == 0]
+    if moe:
+        raise ValueError(f"unsupported mixture-of-experts layers {moe} in config.json (model_type "
+                         f"'qwen3_next', num_experts={experts}): posenc's MLPs are dense (a "
+                         "checkpoint with num_experts=0 or every layer in mlp_only_layers loads)")
+    out = _llama_core(hf, "qwen3")
+    p = _rope_params(hf)
+    p.setdefault("partial_rotary_factor", 0.25)  # HF's default for Qwen3-Next
+    _set_rope(out, _rope_options(hf, p))
+    _set_spans(out, hf, _layer_spans(hf, n, types))
+    out["model.norm.kind"] = "rms_offset"  # (1 + w) gains, also on q_norm / k_norm
+    out["model.attention_gate"] = "elementwise"
+    return out
+
+
 def _default_of(option: str):
     return options_lib.options_of(encoding.get("rope"))[option].default
 
@@ -416,6 +444,7 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("mistral", _llama_like("mistral"), _P.llama_params),
     "qwen2": Family("qwen2", _llama_like("qwen2"), _P.llama_params),
     "qwen3": Family("qwen3", _llama_like("qwen3"), _P.llama_params),
+    "qwen3_next": Family("qwen3", _qwen3_next_fields, _P.llama_params),
     "phi3": Family("phi3", _llama_like("phi3"), _P.llama_params),
     "smollm3": Family("smollm3", _smollm3_fields, _P.llama_params),
     "gemma2": Family("gemma2", _gemma("gemma2"), _P.llama_params),

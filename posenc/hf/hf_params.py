@@ -86,13 +86,14 @@ def llama_params(hf, tensors, spec, *, mlp="mlp", norms=None):
             q, k, v = np.split(t(a + "qkv_proj.weight"), [H * Dh, (H + K) * Dh])
         else:
             q, k, v = (t(a + f"{n}_proj.weight") for n in "qkv")
-        out[b + ("attn", "wq")] = _heads_in(q, H, Dh)
+        out[b + ("attn", "wq")] = _heads_in(q, H, q.shape[0] // H)  # Qwen3-Next: per head [q | gate]
         out[b + ("attn", "wk")] = _heads_in(k, K, Dh)
         out[b + ("attn", "wv")] = _heads_in(v, K, Dh)
         out[b + ("attn", "wo")] = _heads_out(t(a + "o_proj.weight"), H, Dh)
         if spec.bias != "none":
             for n, heads in (("q", H), ("k", K), ("v", K)):
-                out[b + ("attn", "biases", n)] = t(a + f"{n}_proj.bias").reshape(heads, Dh)
+                # -1: Dh, or Dh + the gate's width when q_proj holds the gates (Qwen3-Next)
+                out[b + ("attn", "biases", n)] = t(a + f"{n}_proj.bias").reshape(heads, -1)
             if spec.bias != "qkv":
                 out[b + ("attn", "biases", "o")] = t(a + "o_proj.bias")
         if t.has(a + "q_norm.weight"):  # per head (Gemma 3, Qwen 3) or whole projection (OLMo 2)

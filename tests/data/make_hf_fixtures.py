@@ -9,7 +9,7 @@ Not run by the test suite (it needs torch and transformers). Made in a separate 
 Named families are rewritten and the other folders left as they are (no name: every family). Each
 family's weights are drawn with the seed of its place in ``configs()``, so new families go last.
 The committed fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), safetensors 0.8.0
-and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2 and exaone4: Python 3.11.2 with
+and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2, exaone4 and qwen3_next: Python 3.11.2 with
 the same transformers, torch and safetensors). Gemma 3 text (``Gemma3TextConfig``,
 ``Gemma3ForCausalLM``) is in transformers since 4.50 and Llama 4 text (``Llama4TextConfig``,
 ``Llama4ForCausalLM``) since 4.51; this script writes the 5.x config form (``rope_parameters``, per
@@ -132,6 +132,12 @@ def configs():
                                    sliding_window_pattern=4,
                                    rope_parameters={**llama3, "rope_theta": 1e6},
                                    max_position_embeddings=64, **COMMON),
+        # Qwen3-Next with only its full-attention layers and dense MLPs (no Gated DeltaNet, no experts)
+        "qwen3_next": c.Qwen3NextConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, layer_types=["full_attention"] * 2, num_experts=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+            max_position_embeddings=64, **COMMON),
     }
 
 
@@ -146,8 +152,8 @@ def redraw(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:  # norm gains; Gemma's (1 + w) norms start at w = 0
-                offset = 0.0 if type(model).__name__.startswith("Gemma") else 1.0
+            else:  # norm gains; Gemma's and Qwen3-Next's (1 + w) norms start at w = 0
+                offset = 0.0 if type(model).__name__.startswith(("Gemma", "Qwen3Next")) else 1.0
                 p.copy_(offset + 0.1 * torch.randn(p.shape, generator=g))
 
 
