@@ -38,8 +38,12 @@ import ml_collections
 
 from posenc.config.schema import unknown_argument
 from posenc.configs import default
+from posenc.norms import multipliers
 
-ARGS = ("smoke", "quick", "full")
+ARGS = ("smoke", "methods_smoke", "quick", "depth", "full")
+QK_CLIP = 100.0  # the Kimi K2 report's threshold
+# MiniCPM-2B (Hu et al. 2024): scale_emb 12, scale_depth 1.4, hidden 2304 over dim_model_base 256
+MINICPM = {"scale_emb": 12.0, "scale_depth": 1.4, "width_ratio": 2304 / 256}
 
 VARIANTS = {
     "baseline": {},
@@ -50,11 +54,50 @@ VARIANTS = {
     "sandwich": {"model.norm.placement": "sandwich"},
     "deepnorm": {"model.norm.placement": "deepnorm"},
     "softcap": {"model.norm.attn_softcap": 50.0},
+    "qk_clip": {"train.qk_clip": QK_CLIP},
+    "derf": {"model.norm.kind": "derf"},
+    "v_norm": {"model.norm.v_norm": True},
+    "hybrid_norm": {"model.norm.placement": "hybrid"},
+    "hybrid_norm_star": {"model.norm.placement": "hybrid_star"},
+    "lns": {"model.norm.placement": "lns"},
+    "gated_attention": {"model.attention_gate": "elementwise"},
+    "gated_attention_headwise": {"model.attention_gate": "headwise"},
+    "sinks": {"model.attention_sinks": "learned"},
+    "minicpm_multipliers": {"model.embedding_multiplier": MINICPM["scale_emb"]},  # + size_variants
 }
+
+# The variants added with the norm and logit-control methods (the ``methods_smoke`` arg trains each).
+METHODS = ("qk_clip", "derf", "v_norm", "hybrid_norm", "hybrid_norm_star", "lns", "gated_attention",
+           "gated_attention_headwise", "sinks", "minicpm_multipliers")
+
+# The depth sweep: pre-norm against the placements whose claims are about depth.
+DEPTH_VARIANTS = ("baseline", "lns", "hybrid_norm", "hybrid_norm_star")
 
 
 def _size(d_model: int, num_layers: int) -> dict:
     return {"model.d_model": d_model, "model.num_layers": num_layers}
+
+
+def minicpm_fields(sizes: dict) -> dict:
+    """``{size: {"minicpm_multipliers": fields}}``: MiniCPM's residual multiplier scale_depth /
+    sqrt(num_layers) and logit multiplier dim_model_base / d_model per size, the smallest width of
+    ``sizes`` standing for MiniCPM-2B's width (its hidden / dim_model_base ratio, 9)."""
+    smallest = min(s["model.d_model"] for s in sizes.values())
+    out = {}
+    for name, s in sizes.items():
+        m = multipliers.minicpm(hidden_size=s["model.d_model"], num_layers=s["model.num_layers"],
+                                scale_emb=MINICPM["scale_emb"], scale_depth=MINICPM["scale_depth"],
+                                dim_model_base=smallest / MINICPM["width_ratio"])
+        out[name] = default.fields({"minicpm_multipliers": {"model.residual_multiplier": m.residual,
+                                                            "model.logits_multiplier": m.logits}})
+    return out
+
+
+def _grid(c, sizes: dict, variants) -> None:
+    c.sizes = default.fields(sizes)
+    c.variants = default.fields({v: VARIANTS[v] for v in variants})
+    c.size_variants = ml_collections.ConfigDict(minicpm_fields(sizes) if "minicpm_multipliers" in variants
+                                                else {})
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -72,7 +115,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # learning rate, so the learning-rate grid does not change the decay)
     b.train.update(weight_decay=1e-4, weight_decay_mode="independent")
     b.eval.update(lengths=(64,), batch_size=8, num_batches=2)
-    c.variants = default.fields(VARIANTS)
     if arg == "smoke":  # the engine's tests: seconds per run on 2 cores
         b.task.train_length = 16
         # no clipping, so that 1e9 overflows to NaN / Inf within a few steps
@@ -80,21 +122,34 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        clip_norm=0.0, progress=False)
         b.eval.update(lengths=(16,), batch_size=4, num_batches=1)
         c.learning_rates = (1e-3, 1e9)
-        c.variants = default.fields({"baseline": {}, "qk_norm": {"model.norm.qk_norm": "layer"}})
-        c.sizes = default.fields({"d16": _size(16, 1)})
+        _grid(c, {"d16": _size(16, 1)}, ("baseline", "qk_norm"))
+        c.seeds = (0,)
+    elif arg == "methods_smoke":  # every method variant trains 2 steps at the smallest size (tests)
+        b.task.train_length = 8
+        b.model.num_heads = 2
+        b.train.update(steps=2, batch_size=2, warmup_steps=1, log_every=1, checkpoint_every=2, progress=False)
+        b.eval.update(lengths=(8,), batch_size=2, num_batches=1)
+        c.learning_rates = (1e-3,)
+        _grid(c, {"d8_l2": _size(8, 2)}, ("baseline", *METHODS))
         c.seeds = (0,)
     elif arg == "quick":
         b.train.update(steps=200, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=200,
                        progress=False)
         c.learning_rates = (3e-4, 3e-3, 3e-2, 3e-1)
-        c.sizes = default.fields({"d32": _size(32, 2), "d64": _size(64, 2)})
+        _grid(c, {"d32": _size(32, 2), "d64": _size(64, 2)}, VARIANTS)
         c.seeds = (0, 1, 2)  # trained together (vmap_seeds)
+    elif arg == "depth":  # LayerNorm Scaling / HybridNorm: does depth still help at small width?
+        b.train.update(steps=500, batch_size=16, warmup_steps=25, log_every=25, checkpoint_every=500,
+                       progress=False)
+        c.learning_rates = (3e-4, 3e-3, 3e-2, 3e-1)
+        _grid(c, {f"d32_l{n}": _size(32, n) for n in (4, 8, 16)}, DEPTH_VARIANTS)
+        c.seeds = (0, 1, 2)
     else:
         b.task.options.max_bytes = 8_000_000
         b.train.update(steps=2000, batch_size=32, warmup_steps=100, log_every=50,
                        checkpoint_every=1000, progress=False)
         c.learning_rates = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
-        c.sizes = default.fields({"d64": _size(64, 2), "d128": _size(128, 2), "d256": _size(256, 2),
-                                  "d128_l4": _size(128, 4)})
+        _grid(c, {"d64": _size(64, 2), "d128": _size(128, 2), "d256": _size(256, 2),
+                  "d128_l4": _size(128, 4)}, VARIANTS)
         c.seeds = (0, 1, 2)
     return c
