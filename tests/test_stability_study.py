@@ -3,10 +3,12 @@
 import math
 import os
 
+import ml_collections
 import numpy as np
 import pytest
 
 from posenc import diagnostics, studies
+from posenc.configs import default
 from posenc.configs import stability as stability_config
 from posenc.studies import engine, stability_report
 from posenc.studies import stability as study
@@ -48,7 +50,7 @@ def test_configs_validate():
     for arg in ("quick", "full"):
         c = stability_config.get_config(arg)
         assert {"baseline", "qk_norm", "z_loss", "qk_norm_z_loss", "post_ln", "sandwich", "deepnorm",
-                "softcap"} <= set(c.variants)
+                "softcap", *stability_config.METHODS} == set(c.variants)
         assert len(c.sizes) >= 2
         lrs = sorted(c.learning_rates)
         assert lrs[0] == pytest.approx(3e-4) and lrs[-1] == pytest.approx(3e-1)
@@ -56,8 +58,79 @@ def test_configs_validate():
         c.learning_rates, c.seeds = (lrs[-1],), (0,)
         _, points = engine.expand(studies.study("stability"), c)  # every variant at every size validates
         assert len(points) == len({p.name for p in points}) == len(c.sizes) * len(c.variants)
+        assert {p.run.config.train.weight_decay_mode for p in points} == {"independent"}
     with pytest.raises(ValueError, match="unknown stability config argument"):
         stability_config.get_config("fast")
+
+
+METHOD_FIELDS = {  # variant -> (resolved field, value): each method's one switch
+    "qk_clip": ("train.qk_clip", 100.0), "derf": ("model.norm.kind", "derf"),
+    "v_norm": ("model.norm.v_norm", True), "hybrid_norm": ("model.norm.placement", "hybrid"),
+    "hybrid_norm_star": ("model.norm.placement", "hybrid_star"), "lns": ("model.norm.placement", "lns"),
+    "gated_attention": ("model.attention_gate", "elementwise"),
+    "gated_attention_headwise": ("model.attention_gate", "headwise"),
+    "sinks": ("model.attention_sinks", "learned"), "minicpm_multipliers": ("model.embedding_multiplier", 12.0)}
+
+
+def _get(config, dotted):
+    for key in dotted.split("."):
+        config = config[key]
+    return config
+
+
+def test_every_method_variant_expands_to_valid_points():
+    """Each method is its one field on the baseline at every size of quick, depth and methods_smoke;
+    MiniCPM's residual and logit multipliers follow each size's depth and width."""
+    assert set(METHOD_FIELDS) == set(stability_config.METHODS)
+    for arg in ("methods_smoke", "quick", "depth"):
+        c = stability_config.get_config(arg)
+        c.learning_rates, c.seeds = (c.learning_rates[0],), (c.seeds[0],)
+        _, points = engine.expand(studies.study("stability"), c)
+        by = {(p.fields["size"], p.fields["variant"]): p.run.config for p in points}
+        smallest = min(int(r.model.d_model) for r in by.values())
+        for (size, variant), r in by.items():
+            base = by[(size, "baseline")]
+            if variant in METHOD_FIELDS:
+                field, value = METHOD_FIELDS[variant]
+                assert _get(r, field) == value != _get(base, field), (arg, variant)
+            if variant == "minicpm_multipliers":
+                assert r.model.residual_multiplier == pytest.approx(1.4 / math.sqrt(r.model.num_layers))
+                assert r.model.logits_multiplier == pytest.approx(smallest / 9 / r.model.d_model)
+            else:
+                assert (r.model.residual_multiplier, r.model.logits_multiplier) == (1.0, 1.0)
+            assert r.train.weight_decay_mode == "independent" and r.train.weight_decay == 1e-4
+    depth = stability_config.get_config("depth")
+    assert set(depth.variants) == {"baseline", "lns", "hybrid_norm", "hybrid_norm_star"}
+    assert sorted(int(s["model.num_layers"]) for s in depth.sizes.values()) == [4, 8, 16]
+    assert {int(s["model.d_model"]) for s in depth.sizes.values()} == {32} and len(depth.seeds) >= 3
+    smoke = stability_config.get_config("methods_smoke")
+    assert set(smoke.variants) == {"baseline", *stability_config.METHODS} and smoke.base.train.steps == 2
+
+
+def test_size_variants_must_name_a_size_and_variants():
+    c = stability_config.get_config("methods_smoke")
+    c.size_variants = ml_collections.ConfigDict(stability_config.minicpm_fields({"d99": stability_config._size(8, 2)}))
+    with pytest.raises(ValueError, match="size_variants.d99 must be a sizes entry"):
+        engine.expand(studies.study("stability"), c)
+    c.size_variants = ml_collections.ConfigDict({"d8_l2": default.fields({"nope": {"model.residual_multiplier": 0.5}})})
+    with pytest.raises(ValueError, match="size_variants.d8_l2 must be a sizes entry"):
+        engine.expand(studies.study("stability"), c)
+
+
+@pytest.mark.slow
+def test_methods_smoke_runs_end_to_end(tmp_path):
+    """Two of methods_smoke's variants (one with size_variants) train and report (about 20 s)."""
+    c = stability_config.get_config("methods_smoke")
+    stability_config._grid(c, {"d8_l2": stability_config._size(8, 2)}, ("baseline", "minicpm_multipliers"))
+    rows = studies.run("stability", c, str(tmp_path))
+    assert [(r["variant"], r["num_layers"], r["steps"]) for r in rows] == [
+        ("baseline", 2, 2), ("minicpm_multipliers", 2, 2)]
+    for r in rows:
+        assert not r["diverged"] and r["loss"] < r["initial_loss"] < 6.0
+    assert rows[0]["initial_loss"] != rows[1]["initial_loss"]  # the multipliers change the initial model
+    run = files.read_json(os.path.join(tmp_path, "runs", rows[1]["run"], "config.json"))
+    assert run["config"]["model"]["residual_multiplier"] == pytest.approx(1.4 / math.sqrt(2))
+    assert "| minicpm_multipliers |" in open(os.path.join(tmp_path, "table.md")).read()
 
 
 def tiny_config():

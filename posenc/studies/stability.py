@@ -1,7 +1,7 @@
 """The stability study: final loss against learning rate per variant and size (Wortsman et al. 2023).
 
 Each point (size, variant, learning rate, seed) is ``base`` with the size's
-and variant's fields, ``train.learning_rate`` and ``train.seed`` set,
+and variant's fields (then ``size_variants[size][variant]``, if any), ``train.learning_rate`` and ``train.seed`` set,
 trained in ``WORKDIR/runs/<size>_<variant>_lr<lr>_s<seed>/``. A run whose
 loss or gradient becomes NaN / Inf is recorded as diverged (its
 train_log.jsonl keeps the curve up to there). The loss at initialisation is
@@ -51,6 +51,8 @@ class StabilityConfig(Section):
     learning_rates = Field((1e-3,), _rates, "peak learning rates", type=tuple)
     variants = Free("name -> dotted fields on top of base", dotted=True, check=_sets)
     sizes = Free("name -> dotted fields (width / depth) of each model size", dotted=True, check=_sets)
+    size_variants = Free("size -> variant -> dotted fields set after the variant's (fields that depend "
+                         "on the size, e.g. MiniCPM's residual and logit multipliers)", dotted=True)
     seeds = Field((0,), _seeds, "train.seed values", type=tuple)
     vmap_seeds = Field(True, lambda n, v: checks.boolean(n, v),
                        "the seeds of a (size, variant, learning rate) train together in one vmapped step")
@@ -75,11 +77,18 @@ class Stability(engine.Study):
         from posenc.config import overrides
 
         sizes, variants = overrides.as_dict(config.sizes), overrides.as_dict(config.variants)
+        sized = overrides.as_dict(config.size_variants)
+        for size, by_variant in sized.items():
+            if size not in sizes or not isinstance(by_variant, dict) or not set(by_variant) <= set(variants):
+                raise ValueError(f"size_variants.{size} must be a sizes entry mapping variants entries to "
+                                 f"dotted fields; got {by_variant!r} (sizes {sorted(sizes)}, variants "
+                                 f"{sorted(variants)})")
         points = []
         for size, variant, lr, seed in itertools.product(sizes, variants, config.learning_rates, config.seeds):
             name = f"{size}_{variant}_lr{lr:g}_s{seed}"
             run = grid.run_config(config.base, [
                 (f"sizes.{size}", sizes[size]), (f"variants.{variant}", variants[variant]),
+                (f"size_variants.{size}.{variant}", sized.get(size, {}).get(variant, {})),
                 ("grid point", {"train.learning_rate": float(lr), "train.seed": int(seed)})], name=name)
             group = grid.cell_key(run) if config.vmap_seeds and grid.vmappable(run) else None
             points.append(engine.Point(name, dict(size=size, variant=variant, learning_rate=float(lr),
