@@ -25,9 +25,8 @@ from posenc.model import encoding, fused
 from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
-from posenc.norms import ngpt
+from posenc.norms import ngpt, placements
 from posenc.norms import norms as norms_lib
-from posenc.norms import placements
 
 
 def resolve_dtype(name: str) -> str:
