@@ -23,7 +23,7 @@ from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
 from posenc.model.layers import Block, Norm
 from posenc.model.spec import ModelSpec
-from posenc.norms import diagnostics, multipliers, ngpt, norms, placements
+from posenc.norms import diagnostics, hyper_connections, multipliers, ngpt, norms, placements
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -74,6 +74,7 @@ class Decoder(nnx.Module):
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
         # nGPT (model.norm.placement 'ngpt'): s_z per vocabulary entry; every matrix starts on the sphere
         self.sphere = n.sphere
+        self.residual_streams = spec.residual_streams
         self.sz = nnx.Param(ngpt.init_params(spec.d_model, spec.vocab_size)["sz"]) if n.sphere else None
         if n.sphere:
             self._renormalize()
@@ -142,9 +143,14 @@ class Decoder(nnx.Module):
             e, state = self.input_encoding.token_embed(tokens, positions, self.d_model, key=key,
                                                        state=state)
             x = x + e.astype(x.dtype)
-        return self.dropout(x, deterministic=deterministic), state
+        x = self.dropout(x, deterministic=deterministic)
+        if self.residual_streams > 1:  # hyper-connections: the embedding copied into each stream
+            x = hyper_connections.expand(x, self.residual_streams)
+        return x, state
 
     def _output(self, x):
+        if self.residual_streams > 1:
+            x = hyper_connections.reduce(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.logits_multiplier != 1.0:  # MiniCPM divides the hidden state; the head is linear

@@ -24,7 +24,7 @@ from posenc.attention import gated, logit_scale
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
-from posenc.norms import hybrid_norm, layernorm_scaling, ngpt, norms, placements, qk_norm
+from posenc.norms import hybrid_norm, hyper_connections, layernorm_scaling, ngpt, norms, placements, qk_norm
 
 
 def lecun_normal(key, shape, fan_in):
@@ -399,6 +399,14 @@ class Block(nnx.Module):
         self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if self.placement == "rezero" else None
         self.residual_multiplier = spec.residual_multiplier
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
+        # Hyper-connections (model.residual_streams n > 1): dynamic HC around each pre-norm sublayer,
+        # sublayer k = 2 layer_index + (0 attention, 1 MLP) fed by stream k mod n at init; the
+        # dynamic terms read the streams through a norm of model.norm.kind.
+        n_streams = spec.residual_streams
+        self.hc = None if n_streams == 1 else nnx.List([
+            nnx.Dict({k: nnx.Param(v) for k, v in hyper_connections.hc_init(
+                n_streams, spec.d_model, layer_index=2 * layer_index + j).items()}) for j in range(2)])
+        self.hc_norms = None if n_streams == 1 else nnx.List([Norm.of(n, spec.d_model) for _ in range(2)])
 
     def _scaled(self, branch):
         """``branch`` times model.residual_multiplier (float32 product; the residual sum casts back)."""
@@ -434,6 +442,12 @@ class Block(nnx.Module):
         if self.parallel:  # GPT-NeoX: both sublayers read the same input
             a, m = self._scaled(attn_sub)(self.norm1(x)), self._scaled(mlp_sub)(self.norm2(x))
             return (x + a + m).astype(x.dtype), stats
+        if self.hc is not None:  # x: the streams [B, L, n, D]
+            for j, (sub, norm) in enumerate(((attn_sub, self.norm1), (mlp_sub, self.norm2))):
+                params = {k: p[...] for k, p in self.hc[j].items()}
+                x = hyper_connections.hc_block(x, params, lambda h, s=sub, nm=norm: self._scaled(s)(nm(h)),
+                                               norm=self.hc_norms[j])
+            return x, stats
         if self.steps is not None:
             return ngpt.block(x, attn_sub, mlp_sub, self.steps["attn"][...], self.steps["mlp"][...],
                               alpha_scaling=self.step_scaling), stats

@@ -120,6 +120,7 @@ class ModelSpec:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_multiplier: float = 1.0
+    residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
@@ -151,6 +152,11 @@ def _spec(cfg, train_length) -> ModelSpec:
     if parallel and cfg.norm.placement != "pre":
         raise ValueError(f"model.parallel_residual=True needs model.norm.placement 'pre' (both "
                          f"sublayers read the pre-normed input); got {cfg.norm.placement!r}")
+    streams = int(cfg.residual_streams)
+    if streams > 1 and (cfg.norm.placement != "pre" or parallel):
+        raise ValueError(f"model.residual_streams={streams} (hyper-connections) wraps pre-norm sublayers: it needs "
+                         f"model.norm.placement 'pre' and no parallel_residual; got {cfg.norm.placement!r}"
+                         f"{' with parallel_residual' if parallel else ''}")
     mlp_hidden, attention_scale = int(cfg.mlp_hidden), float(cfg.attention_scale)
     dtype = resolve_dtype(cfg.dtype)
     dropout, mlp_ratio = float(cfg.dropout), float(cfg.mlp_ratio)
@@ -191,7 +197,7 @@ def _spec(cfg, train_length) -> ModelSpec:
         attention_sinks=cfg.attention_sinks, attention_gate=cfg.attention_gate,
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
-        logits_multiplier=float(cfg.logits_multiplier),
+        logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
