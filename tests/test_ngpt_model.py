@@ -131,3 +131,14 @@ def test_a_unit_that_widens_or_normalises_q_and_k_is_refused():
 
 def test_the_attention_scale_is_sqrt_head_dim():
     assert helpers.spec("rope", **NGPT).attention_scale == pytest.approx(8 ** 0.5)
+
+
+def test_the_norms_grid_and_the_config_word_select_ngpt_with_its_mlp():
+    from posenc.configs import compare, default
+
+    c = compare.get_config("norms")
+    c.grid.update(tasks=("copy",), seeds=(0,))
+    assert len(helpers.grid_points(c)) == len(c.grid.placements)  # every point valid, ngpt included
+    assert c.variants.ngpt.to_dict() == {"model.norm.placement": "ngpt", "model.mlp": "swiglu"}
+    d = default.get_config("tiny,ngpt")
+    assert (d.model.norm.placement, d.model.mlp) == ("ngpt", "swiglu")

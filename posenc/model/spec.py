@@ -25,7 +25,7 @@ from posenc.model import encoding, fused
 from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
-from posenc.norms import ngpt, placements
+from posenc.norms import ngpt, norm_names, placements
 from posenc.norms import norms as norms_lib
 
 
@@ -208,6 +208,14 @@ _SPHERE_FIELDS = {"mlp": "swiglu", "bias": "none", "parallel_residual": False, "
                   "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_multiplier": 1.0,
                   "norm.qk_norm": "none", "norm.v_norm": False, "norm.embed_scale": False,
                   "norm.embed_norm": False}
+
+
+def placement_fields(placement: str) -> dict[str, Any]:
+    """The dotted fields that select ``placement`` with what it needs (nGPT: its SwiGLU MLP)."""
+    fields: dict[str, Any] = {"model.norm.placement": placement}
+    if placements.PLACEMENTS[norm_names.check_placement(placement)].sphere:
+        fields["model.mlp"] = _SPHERE_FIELDS["mlp"]
+    return fields
 
 
 def _check_sphere(cfg, position, *, kv, head_dim) -> None:
