@@ -4,7 +4,7 @@ before the workdir exists.
 
 Valid configs mix every registered encoding (RoPE with each frequency scaling), norm, placement,
 QK-norm, soft-caps, grouped-query attention, attention sinks, output gate, compute dtype and attention
-implementation. Default: a
+implementation, hyper-connections. Default: a
 few examples (one compile each); ``POSENC_SLOW=1``: many more.
 """
 
@@ -102,6 +102,17 @@ def valid_fields(draw):
              st.sampled_from(model_config_lib.SINKS))}
     if placements.PLACEMENTS[f["model.norm.placement"]].qkv_norm:  # q, k, v normed already
         f.update({"model.norm.qk_norm": "none", "model.norm.v_norm": False})
+    if f["model.norm.placement"] == "pre":  # hyper-connections wrap pre-norm sublayers
+        f["model.residual_streams"] = draw(st.sampled_from([1, 2]))
+    unit, opts = ENCODINGS[kind], read_options(kind, None)
+    if placements.PLACEMENTS[f["model.norm.placement"]].sphere:  # nGPT: its own scales, nothing else
+        widened = unit.qk_head_dim(opts, head_dim=head_dim) != head_dim
+        if unit.own_qk_norm(opts) or unit.rotates_in_attention(opts) or widened:
+            f["model.norm.placement"] = "pre"  # a unit whose q, k nGPT cannot scale
+        else:
+            f.update({"model.mlp": "swiglu", "model.num_kv_heads": 0, "model.norm.qk_norm": "none",
+                      "model.norm.v_norm": False, "model.norm.embed_scale": False,
+                      "model.residual_multiplier": 1.0, "model.logits_multiplier": 1.0})
     if kind == "rope":
         f.update({f"model.position.rope.{k}": v for k, v in _rope_options(draw, head_dim).items()})
     if kind == "irope":

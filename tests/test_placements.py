@@ -131,7 +131,8 @@ def test_other_placements_pass_through():
 def test_the_head_sees_a_normalized_stream_unless_rezero(placement):
     """Behaviour behind has_final_norm: with RMSNorm (gain 1 at init) the stream entering the
     head has RMS 1 whether the last layer ends in a norm (post, deepnorm) or the decoder adds a
-    final norm (pre, sandwich, reordered, mixln); ReZero has neither. The stream is recovered
+    final norm (pre, sandwich, reordered, mixln); nGPT's stream has L2 norm 1; ReZero has
+    neither. The stream is recovered
     from the logits through the tied embedding (vocab > d_model: a left inverse exists)."""
     from flax import nnx
 
@@ -140,6 +141,9 @@ def test_the_head_sees_a_normalized_stream_unless_rezero(placement):
     c = model_config()
     c.update(vocab_size=32, d_model=16, num_layers=2, num_heads=2)
     c.norm.placement = placement
+    sphere = placements.PLACEMENTS[placement].sphere  # nGPT: unit L2 norm, s_z 1 at init
+    if sphere:
+        c.mlp = "swiglu"
     model = Decoder(c, rngs=nnx.Rngs(0))
     if placement == "rezero":  # gates start at 0 (identity layers): open them
         for block in model.blocks:
@@ -148,7 +152,7 @@ def test_the_head_sees_a_normalized_stream_unless_rezero(placement):
     logits = np.asarray(model.forward_embeddings(x), np.float64)[0]
     emb = np.asarray(model.embedding[...], np.float64)  # [V, D]; logits = h @ emb.T
     h = logits @ np.linalg.pinv(emb.T)
-    rms = np.sqrt(np.mean(np.square(h), -1))
+    rms = np.linalg.norm(h, axis=-1) if sphere else np.sqrt(np.mean(np.square(h), -1))
     assert np.allclose(rms, 1.0, atol=1e-3) == (placement != "rezero"), (placement, rms)
 
 

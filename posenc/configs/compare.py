@@ -490,7 +490,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         from posenc.norms import norm_names
 
         c.base.train.update(learning_rate=3e-3, progress=False)
+        from posenc.model.spec import placement_fields
+
         c.grid = _grid(placements=tuple(norm_names.PLACEMENTS), seeds=(0, 1))
+        # a placement that needs more than its name (nGPT's SwiGLU MLP) is a variant of those fields
+        c.variants = default.fields({p: placement_fields(p) for p in norm_names.PLACEMENTS
+                                     if len(placement_fields(p)) > 1})
     elif arg == "scaling":
         c.base.train.progress = False
         # Zero-shot context extension: one trained RoPE model per seed, evaluated with each

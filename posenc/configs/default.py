@@ -55,6 +55,7 @@ from posenc import tasks
 from posenc.config import overrides
 from posenc.config.schema import unknown_argument
 from posenc.model import ENCODINGS, presets
+from posenc.model.spec import placement_fields
 from posenc.norms import norm_names
 from posenc.training.schema import Run, run_config
 
@@ -103,7 +104,7 @@ def word_fields(c: ml_collections.ConfigDict, token: str) -> dict:
     if token in ENCODINGS:
         return {"model.position.kind": token}
     if token in norm_names.PLACEMENTS:
-        return {"model.norm.placement": token}
+        return placement_fields(token)
     if token == "randomized":
         return {"model.position.randomized": True,
                 "model.position.randomized_max_position": 4 * max(c.eval.lengths)}

@@ -156,6 +156,9 @@ class Model(Section):
     logits_multiplier = Field(1.0, checks.positive, "the final hidden state times this before the head (MiniCPM "
                                                     "dim_model_base / d_model, Granite 1 / logits_scaling, "
                                                     "Cohere logit_scale)")
+    residual_streams = Field(1, checks.positive_int,
+                             "n residual streams joined by dynamic hyper-connections around every sublayer "
+                             "(posenc.hyper_connections; Zhu et al. 2025); 1: the single stream; placement pre")
     dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
     tie_embeddings = Field(True, checks.boolean, "the head is the transposed token embedding")
     dtype = Field("float32", checks.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "

@@ -23,7 +23,7 @@ from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
 from posenc.model.layers import Block, Norm
 from posenc.model.spec import ModelSpec
-from posenc.norms import diagnostics, multipliers, norms, placements
+from posenc.norms import diagnostics, hyper_connections, multipliers, ngpt, norms, placements
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -72,14 +72,31 @@ class Decoder(nnx.Module):
         self.head = (None if spec.tie_embeddings else nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (spec.d_model, spec.vocab_size))))
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
+        # nGPT (model.norm.placement 'ngpt'): s_z per vocabulary entry; every matrix starts on the sphere
+        self.sphere = n.sphere
+        self.residual_streams = spec.residual_streams
+        self.sz = nnx.Param(ngpt.init_params(spec.d_model, spec.vocab_size)["sz"]) if n.sphere else None
+        if n.sphere:
+            self._renormalize()
+
+    def _renormalize(self) -> None:
+        """nGPT: every matrix renormalised along its model-width axis (posenc.ngpt.renormalize)."""
+        matrices = [(self.embedding, -1)] + ([] if self.head is None else [(self.head, 0)])
+        for b in self.blocks:
+            matrices += b.attn.sphere_matrices() + b.mlp.sphere_matrices()
+        for w, axis in matrices:
+            w[...] = ngpt.renormalize(w[...], axis=axis)
 
     def constrain(self) -> None:
-        """Project every encoding's parameters into their domain (after an optimizer update)."""
+        """Project every encoding's parameters into their domain (after an optimizer update); nGPT's
+        matrices back onto the unit sphere."""
         units = [b.attn.encoding for b in self.blocks]
         if self.input_encoding is not None:
             units.append(self.input_encoding)
         for unit in units:
             unit.constrain()
+        if self.sphere:
+            self._renormalize()
 
     # -- pieces -------------------------------------------------------------------------
     def check_length(self, length: int) -> None:
@@ -126,9 +143,14 @@ class Decoder(nnx.Module):
             e, state = self.input_encoding.token_embed(tokens, positions, self.d_model, key=key,
                                                        state=state)
             x = x + e.astype(x.dtype)
-        return self.dropout(x, deterministic=deterministic), state
+        x = self.dropout(x, deterministic=deterministic)
+        if self.residual_streams > 1:  # hyper-connections: the embedding copied into each stream
+            x = hyper_connections.expand(x, self.residual_streams)
+        return x, state
 
     def _output(self, x):
+        if self.residual_streams > 1:
+            x = hyper_connections.reduce(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.logits_multiplier != 1.0:  # MiniCPM divides the hidden state; the head is linear
@@ -136,6 +158,8 @@ class Decoder(nnx.Module):
         w = self.embedding[...].T if self.head is None else self.head[...]
         logits = jnp.einsum("bld,dv->blv", x, w.astype(self.dtype),
                             preferred_element_type=jnp.float32)
+        if self.sz is not None:
+            logits = ngpt.scale_logits(logits, self.sz[...], sz_scaling=ngpt.base_scale(self.d_model))
         if self.final_softcap:
             logits = norms.softcap(logits, self.final_softcap)
         return logits.astype(jnp.float32)

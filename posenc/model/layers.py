@@ -24,7 +24,7 @@ from posenc.attention import gated, logit_scale
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
-from posenc.norms import hybrid_norm, layernorm_scaling, norms, placements, qk_norm
+from posenc.norms import hybrid_norm, hyper_connections, layernorm_scaling, ngpt, norms, placements, qk_norm
 
 
 def lecun_normal(key, shape, fan_in):
@@ -95,10 +95,12 @@ class MLP(nnx.Module):
     """``W2 act(W1 x)`` (gelu: tanh approximation; gelu_erf: exact, GPT-NeoX) or a gated
     ``W2 (act(W1 x) * W3 x)``: SwiGLU (silu, Shazeer 2020) and GeGLU (tanh GELU, Gemma)."""
 
-    def __init__(self, kind, d_model, hidden, *, dtype, gain, rngs, bias=False):
+    def __init__(self, kind, d_model, hidden, *, dtype, gain, rngs, bias=False, suv=None):
         if kind not in _GATED and kind not in _PLAIN:
             raise ValueError(f"unknown mlp {kind!r}; choose one of: {', '.join([*_PLAIN, *_GATED])}")
-        self.kind, self.dtype = kind, dtype
+        self.kind, self.dtype, self.d_model = kind, dtype, d_model
+        # nGPT (posenc.ngpt): the fused [u | v] = x [W3 | W1] times s_uv sqrt(d), then u silu(v)
+        self.suv = None if suv is None else nnx.Param(suv)
 
         def init(shape, fan_in, fan_out):
             key = rngs.params()
@@ -117,7 +119,15 @@ class MLP(nnx.Module):
         y = linear(x, w[...].astype(self.dtype))
         return y if b is None else y + b[...].astype(y.dtype)
 
+    def sphere_matrices(self):
+        """nGPT: each matrix with its model-width axis (renormalised after every optimizer step)."""
+        return [(self.w1, 0), (self.w3, 0), (self.w2, -1)]
+
     def __call__(self, x):
+        if self.suv is not None:
+            w = jnp.concatenate([self.w3[...], self.w1[...]], axis=1).astype(self.dtype)
+            uv = ngpt.scale_uv(linear(x, w), self.suv[...], dim=self.d_model)
+            return self._dense(ngpt.swiglu(uv), self.w2, self.b2)
         h = self._dense(x, self.w1, self.b1)
         if self.kind in _GATED:
             h = _GATED[self.kind](h) * self._dense(x, self.w3, self.b3)
@@ -133,7 +143,7 @@ class Attention(nnx.Module):
     (``model.attention_gate``: ``wq`` [D, H, Dh + gate_dim], each head's query then its gate,
     Qwen3-Next's ``q_proj`` layout)."""
 
-    def __init__(self, spec, encoding, *, dtype, vo_gain, rngs, layer_index=0):
+    def __init__(self, spec, encoding, *, dtype, vo_gain, rngs, layer_index=0, sqk=None):
         D, H, K, head_dim = spec.d_model, spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = H, K, head_dim, dtype
         self.softcap = spec.norm.attn_softcap
@@ -182,6 +192,13 @@ class Attention(nnx.Module):
         self.ssmax_b = nnx.Param(jnp.zeros((H,), jnp.float32)) if ssmax and ls.ssmax_bias else None
         # gpt-oss's learned sinks: one float32 logit per query head, init 0 (model.attention_sinks)
         self.sinks = nnx.Param(jnp.zeros((H,), jnp.float32)) if self.sink_kind == "learned" else None
+        # nGPT (posenc.ngpt): s_qk [H Dh] scales the unit-norm rotated q and k of every head
+        self.sqk = None if sqk is None else nnx.Param(sqk)
+        self.sqk_scaling = ngpt.base_scale(D)
+
+    def sphere_matrices(self):
+        """nGPT: each matrix with its model-width axis (renormalised after every optimizer step)."""
+        return [(self.wq, 0), (self.wk, 0), (self.wv, 0), (self.wo, -1)]
 
     def project(self, x):
         """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-, V- or QKV-normed, not yet rotated) and
@@ -316,6 +333,8 @@ class Attention(nnx.Module):
             q, k = enc.qk(q, k, q_positions, k_positions, seq_len=seq_len)
         if self.qk_norm_after_rope:  # the cache holds the keys before rotation and norm
             q, k = self._qk_norm(q, k)
+        if self.sqk is not None:  # nGPT: after the rotation; the cache holds the keys before it
+            q, k = ngpt.scale_qk(q, k, self.sqk[...], sqk_scaling=self.sqk_scaling)
         kv = k.shape[1] if kv_length is None else kv_length
         q = self.scale_queries(q, q_positions, q_offset=q_offset, kv_length=kv, causal=causal)
         call = attn_lib.AttentionCall(
@@ -353,15 +372,20 @@ class Block(nnx.Module):
         deep = self.placement == "deepnorm"
         alpha, beta = norms.deepnorm_constants(spec.num_layers) if deep else (None, None)
         self.alpha = alpha
+        # nGPT: the official scales (posenc.ngpt.init_params), step sizes alpha_A, alpha_M per layer
+        sphere = ngpt.init_params(spec.d_model, spec.vocab_size, mlp_dim=spec.mlp_hidden) if n.sphere else {}
         self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
-                              layer_index=layer_index)
+                              layer_index=layer_index, sqk=sphere.get("sqk"))
         self.parallel = spec.parallel_residual
         self.mlp = MLP(spec.mlp, spec.d_model, spec.mlp_hidden, dtype=dtype, gain=beta, rngs=rngs,
-                       bias=spec.bias == "all")
-        rezero = self.placement == "rezero"
+                       bias=spec.bias == "all", suv=sphere.get("suv"))
+        self.steps = (nnx.Dict({k: nnx.Param(sphere[f"alpha_{k}"]) for k in ("attn", "mlp")}) if sphere
+                      else None)
+        self.step_scaling = ngpt.base_scale(spec.d_model)
+        normless = not placements.PLACEMENTS[self.placement].uses_norm
 
         def norm():
-            return None if rezero else Norm.of(n, spec.d_model)
+            return None if normless else Norm.of(n, spec.d_model)
 
         # HybridNorm's attention reads the stream itself (its q, k, v are normed); HybridNorm*'s
         # first layer is pre-norm.
@@ -372,9 +396,17 @@ class Block(nnx.Module):
         self.norm1_out = norm() if sandwich else None
         self.norm2_out = norm() if sandwich else None
         # ReZero: one gate per layer, shared by its attention and MLP (the reference's resweight).
-        self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if rezero else None
+        self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if self.placement == "rezero" else None
         self.residual_multiplier = spec.residual_multiplier
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
+        # Hyper-connections (model.residual_streams n > 1): dynamic HC around each pre-norm sublayer,
+        # sublayer k = 2 layer_index + (0 attention, 1 MLP) fed by stream k mod n at init; the
+        # dynamic terms read the streams through a norm of model.norm.kind.
+        n_streams = spec.residual_streams
+        self.hc = None if n_streams == 1 else nnx.List([
+            nnx.Dict({k: nnx.Param(v) for k, v in hyper_connections.hc_init(
+                n_streams, spec.d_model, layer_index=2 * layer_index + j).items()}) for j in range(2)])
+        self.hc_norms = None if n_streams == 1 else nnx.List([Norm.of(n, spec.d_model) for _ in range(2)])
 
     def _scaled(self, branch):
         """``branch`` times model.residual_multiplier (float32 product; the residual sum casts back)."""
@@ -410,6 +442,15 @@ class Block(nnx.Module):
         if self.parallel:  # GPT-NeoX: both sublayers read the same input
             a, m = self._scaled(attn_sub)(self.norm1(x)), self._scaled(mlp_sub)(self.norm2(x))
             return (x + a + m).astype(x.dtype), stats
+        if self.hc is not None:  # x: the streams [B, L, n, D]
+            for j, (sub, norm) in enumerate(((attn_sub, self.norm1), (mlp_sub, self.norm2))):
+                params = {k: p[...] for k, p in self.hc[j].items()}
+                x = hyper_connections.hc_block(x, params, lambda h, s=sub, nm=norm: self._scaled(s)(nm(h)),
+                                               norm=self.hc_norms[j])
+            return x, stats
+        if self.steps is not None:
+            return ngpt.block(x, attn_sub, mlp_sub, self.steps["attn"][...], self.steps["mlp"][...],
+                              alpha_scaling=self.step_scaling), stats
         if self.placement == "lns":
             return layernorm_scaling.block(x, self._scaled(attn_sub), self._scaled(mlp_sub), self.norm1,
                                            self.norm2, layer_index=self.layer_index), stats

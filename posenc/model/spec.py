@@ -27,8 +27,8 @@ from posenc.model import encoding, fused
 from posenc.model import layer_options as layer_options_lib
 from posenc.model import layout as layout_lib
 from posenc.model import options as options_lib
+from posenc.norms import ngpt, norm_names, placements
 from posenc.norms import norms as norms_lib
-from posenc.norms import placements
 
 
 def resolve_dtype(name: str) -> str:
@@ -69,6 +69,11 @@ class NormSpec:
     def qkv_norm(self) -> bool:
         """The placement normalises q, k and v per head inside attention (HybridNorm)."""
         return placements.PLACEMENTS[self.placement].qkv_norm
+
+    @property
+    def sphere(self) -> bool:
+        """nGPT: hidden states and weight rows on the unit sphere (posenc.ngpt), no norm layers."""
+        return placements.PLACEMENTS[self.placement].sphere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +122,7 @@ class ModelSpec:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_multiplier: float = 1.0
+    residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
@@ -154,6 +160,11 @@ def _spec(values, train_length) -> ModelSpec:
     if parallel and cfg.norm.placement != "pre":
         raise ValueError(f"model.parallel_residual=True needs model.norm.placement 'pre' (both "
                          f"sublayers read the pre-normed input); got {cfg.norm.placement!r}")
+    streams = int(cfg.residual_streams)
+    if streams > 1 and (cfg.norm.placement != "pre" or parallel):
+        raise ValueError(f"model.residual_streams={streams} (hyper-connections) wraps pre-norm sublayers: it needs "
+                         f"model.norm.placement 'pre' and no parallel_residual; got {cfg.norm.placement!r}"
+                         f"{' with parallel_residual' if parallel else ''}")
     mlp_hidden, attention_scale = int(cfg.mlp_hidden), float(cfg.attention_scale)
     dtype = resolve_dtype(cfg.dtype)
     dropout, mlp_ratio = float(cfg.dropout), float(cfg.mlp_ratio)
@@ -171,6 +182,9 @@ def _spec(values, train_length) -> ModelSpec:
     _check_own_qk_norm(position, norm, head_dim=head_dim)
     _check_hidden_keys(position, norm)
     _check_sinks(cfg.attention_sinks, position)
+    if norm.sphere:
+        _check_sphere(cfg, position, kv=kv, head_dim=head_dim)
+        attention_scale = ngpt.softmax_scale(head_dim)
     if cfg.attention_impl == "auto" and fused.on_accelerator():  # plugins told where it matters
         for kind in dict.fromkeys(position.layer_kinds):
             encoding.tell_no_kernel_form(encoding.get(kind))
@@ -191,10 +205,48 @@ def _spec(values, train_length) -> ModelSpec:
         attention_sinks=cfg.attention_sinks, attention_gate=cfg.attention_gate,
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
-        logits_multiplier=float(cfg.logits_multiplier),
+        logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
+
+
+# nGPT's model: what the other fields must be (the official code has none of these).
+_SPHERE_FIELDS = {"mlp": "swiglu", "bias": "none", "parallel_residual": False, "attention_scale": 0.0,
+                  "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_multiplier": 1.0,
+                  "norm.qk_norm": "none", "norm.v_norm": False, "norm.embed_scale": False,
+                  "norm.embed_norm": False}
+
+
+def placement_fields(placement: str) -> dict[str, Any]:
+    """The dotted fields that select ``placement`` with what it needs (nGPT: its SwiGLU MLP)."""
+    fields: dict[str, Any] = {"model.norm.placement": placement}
+    if placements.PLACEMENTS[norm_names.check_placement(placement)].sphere:
+        fields["model.mlp"] = _SPHERE_FIELDS["mlp"]
+    return fields
+
+
+def _check_sphere(cfg, position, *, kv, head_dim) -> None:
+    """nGPT (placement ngpt) scales unit-norm q and k of every head by its own s_qk [d] and the
+    fused SwiGLU by s_uv; it takes no other norm, multiplier or head grouping."""
+    for field, wanted in _SPHERE_FIELDS.items():
+        value = cfg[field] if "." not in field else cfg.norm[field.split(".")[1]]
+        if value != wanted:
+            raise ValueError(f"model.norm.placement='ngpt' cannot be combined with model.{field}={value!r} "
+                             f"(nGPT has its own scales); set model.{field}={wanted!r}")
+    if kv != cfg.num_heads:
+        raise ValueError(f"model.norm.placement='ngpt' needs as many key heads as query heads (s_qk scales "
+                         f"both per head); got model.num_kv_heads={kv}, model.num_heads={cfg.num_heads}")
+    if cfg.num_heads * head_dim != cfg.d_model:
+        raise ValueError(f"model.norm.placement='ngpt' needs num_heads * head_dim == d_model (s_qk has d "
+                         f"entries); got {cfg.num_heads} * {head_dim} != {cfg.d_model}")
+    for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+        unit = encoding.get(k)
+        field = unit.own_qk_norm(opts) or unit.rotates_in_attention(opts)
+        if field or unit.qk_head_dim(opts, head_dim=head_dim) != head_dim:
+            raise ValueError(f"model.norm.placement='ngpt' scales the rotated queries and keys, which position "
+                             f"kind {k!r} (layer {i}) {'normalises or rotates inside attention' if field else 'widens'}"
+                             f"{f' (model.position.{k}.{field})' if field else ''}; choose another kind")
 
 
 def _check_sinks(sinks: str, position) -> None:

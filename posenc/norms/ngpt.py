@@ -102,6 +102,21 @@ def residual_update(h, block_out, alpha, *, alpha_scaling, alpha_init=ALPHA_INIT
     return normalize(a + lr * (b - a)).astype(h.dtype)
 
 
+def block(x, attention, mlp, alpha_attn, alpha_mlp, *, alpha_scaling, alpha_init=ALPHA_INIT):
+    """One nGPT decoder layer: ``h <- residual_update(h, attention(h), alpha_attn)``, then the same
+    with ``mlp`` and ``alpha_mlp`` (``Block.forward``; no norm layers).
+
+    Args:
+      x: ``[..., d]`` hidden state.
+      attention, mlp: ``[..., d] -> [..., d]`` sublayers (nGPT's scaled attention and MLP).
+      alpha_attn, alpha_mlp: ``[d]`` stored step sizes (see :func:`residual_update`).
+    Returns:
+      ``[..., d]`` unit vectors in ``x.dtype``.
+    """
+    h = residual_update(x, attention(x), alpha_attn, alpha_scaling=alpha_scaling, alpha_init=alpha_init)
+    return residual_update(h, mlp(h), alpha_mlp, alpha_scaling=alpha_scaling, alpha_init=alpha_init)
+
+
 def scale_qk(q, k, sqk, *, sqk_scaling, sqk_init=SQK_INIT):
     """``q <- s_qk * norm(q)``, ``k <- s_qk * norm(k)`` per head over ``Dh``.
 

@@ -23,6 +23,9 @@ the function (``Placement.block``):
                  Y + FFN(N(Y))                      (HybridNorm*)
     lns          x + F(N(x) / sqrt(l + 1)) in layer l (0-based); final norm
                  (LayerNorm Scaling, Sun et al. 2025)
+    ngpt         h <- norm(h + alpha (norm(F(h)) - h)) per sublayer, hidden
+                 states and weights on the unit sphere; no norm layers
+                 (nGPT, Loshchilov et al. 2025; posenc.ngpt)
 
 Shapes: ``x`` is ``[..., D]``; the result has the shape and dtype of ``x``.
 """
@@ -48,6 +51,7 @@ class Placement:
     uses_norm: bool = True
     block: str = ""  # a whole-layer placement: the pure function of one layer (not `residual`)
     qkv_norm: bool = False  # attention RMS-normalises q, k and v per head (posenc.hybrid_norm.qkv_norm)
+    sphere: bool = False  # nGPT: unit-norm hidden states and weight rows, scaled q, k, MLP and logits
 
 
 # Mix-LN ends in pre-norm layers, whose residual stream is unnormalised, so it
@@ -71,6 +75,9 @@ PLACEMENTS: dict[str, Placement] = {
                              block="posenc.hybrid_norm.block", qkv_norm=True),
     "lns": Placement("x + F(N(x) / sqrt(l + 1)) in layer l, final norm (LayerNorm Scaling, Sun et al. "
                      "2025)", True, block="posenc.layernorm_scaling.block"),
+    "ngpt": Placement("h <- norm(h + alpha (norm(F(h)) - h)), hidden states and weights on the unit sphere, "
+                      "no norm layers (nGPT, Loshchilov et al. 2025)", False, uses_norm=False,
+                      block="posenc.ngpt.block", sphere=True),
 }
 
 
@@ -185,7 +192,7 @@ def has_final_norm(placement):
     """Whether a decoder with this placement normalises after the last layer.
 
     pre, sandwich, reordered, mixln, hybrid, hybrid_star, lns: True; post,
-    deepnorm, rezero: False.
+    deepnorm, rezero, ngpt: False.
     """
     return _placement(placement).final_norm
 
