@@ -20,6 +20,7 @@ import posenc
 from posenc import norm_names
 from posenc.model import ENCODINGS, Encoding, EncodingCheckError, check_encoding, conformance
 from posenc.model import config as model_config
+from posenc.model import spec as model_spec
 
 _PLACEMENTS = itertools.cycle(norm_names.PLACEMENTS)
 _NORMS = itertools.cycle(norm_names.NORM_KINDS)
@@ -43,6 +44,9 @@ def test_cases_cover_every_encoding_placement_norm_sink_and_gate():
 @pytest.mark.parametrize("kind,placement,norm,sinks,gate", CASES)
 def test_every_registered_encoding_passes_check_encoding(kind, placement, norm, sinks, gate):
     model = dict(norm=dict(placement=placement, kind=norm), attention_sinks=sinks, attention_gate=gate)
+    # what the placement needs beside it (nGPT: its SwiGLU MLP)
+    model.update({f.split(".", 1)[1]: v for f, v in model_spec.placement_fields(placement).items()
+                  if f.count(".") == 1})
     summary = check_encoding(kind, model=model, **OPTIONS.get(kind, {}))
     assert list(summary) == list(conformance.CHECKS)
     skipped = {c for c, s in summary.items() if s.startswith("skipped")}

@@ -139,6 +139,7 @@ def test_the_norms_grid_and_the_config_word_select_ngpt_with_its_mlp():
     c = compare.get_config("norms")
     c.grid.update(tasks=("copy",), seeds=(0,))
     assert len(helpers.grid_points(c)) == len(c.grid.placements)  # every point valid, ngpt included
-    assert c.variants.ngpt.to_dict() == {"model.norm.placement": "ngpt", "model.mlp": "swiglu"}
+    assert c.variants.ngpt.to_dict() == {"model.norm.placement": "ngpt", "model.mlp": "swiglu",
+                                         "model.num_kv_heads": 0}
     d = default.get_config("tiny,ngpt")
-    assert (d.model.norm.placement, d.model.mlp) == ("ngpt", "swiglu")
+    assert (d.model.norm.placement, d.model.mlp, d.model.num_kv_heads) == ("ngpt", "swiglu", 0)

@@ -219,10 +219,11 @@ _SPHERE_FIELDS = {"mlp": "swiglu", "bias": "none", "parallel_residual": False, "
 
 
 def placement_fields(placement: str) -> dict[str, Any]:
-    """The dotted fields that select ``placement`` with what it needs (nGPT: its SwiGLU MLP)."""
+    """The dotted fields that select ``placement`` with what it needs (nGPT: its SwiGLU MLP and a key
+    head per query head)."""
     fields: dict[str, Any] = {"model.norm.placement": placement}
     if placements.PLACEMENTS[norm_names.check_placement(placement)].sphere:
-        fields["model.mlp"] = _SPHERE_FIELDS["mlp"]
+        fields.update({"model.mlp": _SPHERE_FIELDS["mlp"], "model.num_kv_heads": 0})
     return fields
 
 
