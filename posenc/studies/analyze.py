@@ -84,9 +84,10 @@ def eval_batch(resolved, length: int, batch_size: int, seed: int):
     the task's ``position_ids`` where it gives them, randomized ones as evaluation draws them)."""
     import jax
 
-    from posenc.training import eval_step
+    from posenc.training import eval_step, specs
 
-    batch, positions = eval_step.eval_batch(resolved.task, resolved.train.positions,
+    # the evaluation's positions (a training-only sampler such as PoSE's is not among them)
+    batch, positions = eval_step.eval_batch(resolved.task, specs.Positions.from_config(resolved.config),
                                             jax.random.fold_in(jax.random.key(seed), length), batch_size, length)
     return batch["inputs"], batch["targets"], batch["mask"], positions
 
