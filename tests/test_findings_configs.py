@@ -184,3 +184,29 @@ def test_a_difference_within_seed_noise_is_unresolved_even_when_means_differ():
     rows = (_runs("a", "rope", [(0.5, 0.5), (0.4, 0.4), (0.6, 0.6)])
             + _runs("a", "rope_randomized", [(0.6, 0.6), (0.5, 0.5), (0.7, 0.7)]))
     assert findings.randomized_gain(rows)["verdicts"]["a"]["rope"] == "helps"
+
+
+def test_frontier_quick_scores_the_new_arms_at_exact_sizes_with_the_2x_target():
+    c, points = _points("frontier_quick")
+    arms = {p.fields["variant"] for p in points}
+    assert arms == {"rope", "nope", "alibi", "pope", "hard_alibi", "rope_gated", "nope_gated", "rope_sinks"}
+    groups = engine.groups(points)
+    assert len(groups) == len(arms) and all(len(g) == 3 for g in groups)
+    by_arm = {p.fields["variant"]: p.run.config for p in points}
+    assert by_arm["rope_gated"].model.attention_gate == "elementwise" == by_arm["nope_gated"].model.attention_gate
+    assert by_arm["nope_gated"].model.position.kind == "nope"
+    assert by_arm["rope_sinks"].model.attention_sinks == "learned"
+    assert by_arm["rope"].model.attention_gate == "none" and by_arm["rope"].model.attention_sinks == "none"
+    r = points[0].run
+    assert [r.task.max_size(n) for n in r.config.eval.lengths] == [8, 16, 32]
+    assert r.config.eval.sizes == "exact" and r.config.eval.decode and r.config.train.fit_accuracy > 0
+    assert c.findings == "sizes" and c.targets["size"] == 16
+    assert set(c.targets["below"]) == {"rope", "nope"} and "pope" in c.targets["at_least"]
+
+
+def test_frontier_lm_quick_is_lm_quick_with_the_new_arms():
+    c, points = _points("frontier_lm_quick")
+    lm = compare.get_config("lm_quick")
+    assert c.base.to_dict() == lm.base.to_dict()
+    assert set(c.grid.positions) == set(compare.FRONTIER_POSITIONS)
+    assert len(points) == 3 * len(compare.FRONTIER_POSITIONS)

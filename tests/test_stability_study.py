@@ -105,6 +105,13 @@ def test_every_method_variant_expands_to_valid_points():
     assert {int(s["model.d_model"]) for s in depth.sizes.values()} == {32} and len(depth.seeds) >= 3
     smoke = stability_config.get_config("methods_smoke")
     assert set(smoke.variants) == {"baseline", *stability_config.METHODS} and smoke.base.train.steps == 2
+    # methods_quick: the quick grid (base, sizes, learning rates, seeds) restricted to the methods
+    quick, methods = stability_config.get_config("quick"), stability_config.get_config("methods_quick")
+    assert set(methods.variants) == {"baseline", *stability_config.METHODS}
+    assert {k: methods.variants[k] for k in methods.variants} == {k: quick.variants[k] for k in methods.variants}
+    for key in ("base", "sizes", "size_variants"):
+        assert methods[key].to_dict() == quick[key].to_dict(), key
+    assert (methods.learning_rates, methods.seeds) == (quick.learning_rates, quick.seeds)
 
 
 def test_size_variants_must_name_a_size_and_variants():

@@ -77,6 +77,15 @@ Args:
     arithmetic  the same arms at McLeish et al. 2024's sizes (operands of up to 20
               digits, evaluated at 20-100), sized for an accelerator (8 layers,
               d_model 512, at most 50000 steps).
+    frontier_quick  the 2024-26 units on copy: pope, hard_alibi, rope and nope with
+              the elementwise attention output gate (Qiu et al. 2025), rope with
+              learned sinks (gpt-oss), against rope, nope and alibi; the quick
+              grid's model and fit (0.99, at most 4000 steps), strings of up to 8
+              symbols, decoded at exactly 8, 16 and 32 symbols, 3 seeds trained
+              together; findings.md: the target check at 2x (a new arm >= 0.9
+              decoded exact match where rope and nope stay < 0.2).
+    frontier_lm_quick  the same arms in lm_quick's byte-level LM (L = 64, 750 steps),
+              perplexity at 64-1024, 3 seeds.
     arithmetic_cho  Cho et al. 2024's sizes: 1-30 digits, evaluated at 30-200.
     arithmetic_cho_small  Cho et al. 2024's small run as their code trains it
               (operands of 1-5 digits, tested at 5, 10 and 15; 1 layer, 4 heads,
@@ -112,7 +121,7 @@ from posenc.configs import default
 
 ARGS = ("quick", "smoke", "full", "norms", "scaling", "chomsky", "chomsky_quick", "suite", "suite_quick", "lm",
         "lm_quick", "randomized", "randomized_quick", "interaction", "interaction_quick", "arithmetic",
-        "arithmetic_cho", "arithmetic_cho_small", "arithmetic_quick")
+        "arithmetic_cho", "arithmetic_cho_small", "arithmetic_quick", "frontier_quick", "frontier_lm_quick")
 
 
 def _grid(**kw) -> ml_collections.ConfigDict:
@@ -240,7 +249,7 @@ def _quick_copy(b) -> None:
 LM_POSITIONS = ("sinusoidal", "rope", "alibi", "t5", "kerple_log", "fire", "nope")
 
 
-def _lm(c, *, quick: bool) -> None:
+def _lm(c, *, quick: bool, positions=LM_POSITIONS) -> None:
     """Press et al. 2022: a byte-level LM trained at L, perplexity at L, 2L, 4L, 8L, 16L.
 
     Held-out split, non-overlapping windows; perplexity over all tokens and
@@ -262,7 +271,34 @@ def _lm(c, *, quick: bool) -> None:
         b.model.update(d_model=256, num_layers=4, num_heads=8)
         b.train.update(steps=10000, batch_size=32, learning_rate=1e-3, warmup_steps=500)
     b.train.update(log_every=250, checkpoint_every=1000, progress=False)
-    c.grid = _grid(tasks=("text",), positions=LM_POSITIONS, seeds=(0, 1, 2))
+    c.grid = _grid(tasks=("text",), positions=tuple(positions), seeds=(0, 1, 2))
+
+
+# The 2024-26 attention forms against the encodings they build on: gated attention (Qiu et al. 2025,
+# the elementwise output gate, their best "G1"), learned sinks (gpt-oss), PoPE, Hard-ALiBi.
+FRONTIER_VARIANTS = {
+    "rope_gated": {"model.position.kind": "rope", "model.attention_gate": "elementwise"},
+    "nope_gated": {"model.position.kind": "nope", "model.attention_gate": "elementwise"},
+    "rope_sinks": {"model.position.kind": "rope", "model.attention_sinks": "learned"},
+}
+FRONTIER_POSITIONS = ("rope", "nope", "alibi", "pope", "hard_alibi", *FRONTIER_VARIANTS)
+FRONTIER_SIZES = (8, 16, 32)  # copy trained on strings of up to 8 symbols, scored at exactly 8, 2x, 4x
+
+
+def _frontier_copy(c) -> None:
+    """Copy (the quick grid's model and budget) at exact sizes 8, 16, 32: every new arm against
+    RoPE, NoPE and ALiBi, with the issue's target at 2x (>= 0.9 decoded exact match for a new arm,
+    < 0.2 for RoPE and NoPE)."""
+    b = c.base
+    _quick_copy(b)
+    b.update_from_flattened_dict(_sized("copy", FRONTIER_SIZES[0], FRONTIER_SIZES))
+    b.eval.sizes = "exact"
+    c.variants = default.fields(FRONTIER_VARIANTS)
+    c.grid = _grid(positions=FRONTIER_POSITIONS, seeds=(0, 1, 2), vmap_seeds=True)
+    c.findings = "sizes"
+    c.targets = {"size": 2 * FRONTIER_SIZES[0],
+                 "at_least": {k: 0.9 for k in FRONTIER_POSITIONS if k not in ("rope", "nope", "alibi")},
+                 "below": {"rope": 0.2, "nope": 0.2}}
 
 
 def randomizable_kinds() -> tuple[str, ...]:
@@ -556,6 +592,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         _arithmetic(c, 30, (30, 50, 100, 150, 200), max_position=256, quick=False)
     elif arg == "arithmetic_cho_small":
         _arithmetic_cho_small(c)
+    elif arg == "frontier_quick":
+        _frontier_copy(c)
+    elif arg == "frontier_lm_quick":
+        _lm(c, quick=True, positions=FRONTIER_POSITIONS)
+        c.variants = default.fields(FRONTIER_VARIANTS)
     else:
         raise unknown_argument("compare config", arg, ARGS)
     return c

@@ -23,6 +23,7 @@ Args:
                    (about 10 s a variant on 2 CPU cores)
     quick          widths 32 and 64 (2 layers), learning rates 3e-4, 3e-3, 3e-2, 3e-1,
                    200 steps, three seeds trained together (vmap_seeds); every variant
+    methods_quick  the quick grid with the baseline and the method variants (METHODS) only
     depth          the depth sweep: width 32 at 4, 8 and 16 layers, baseline (pre-norm), lns,
                    hybrid_norm, hybrid_norm_star; the quick learning rates, 500 steps, three
                    seeds. Per depth (a size column): LR sensitivity, the paired difference
@@ -74,7 +75,7 @@ from posenc.config.schema import unknown_argument
 from posenc.configs import default
 from posenc.norms import multipliers
 
-ARGS = ("smoke", "methods_smoke", "quick", "depth", "full")
+ARGS = ("smoke", "methods_smoke", "quick", "methods_quick", "depth", "full")
 QK_CLIP = 100.0  # the Kimi K2 report's threshold
 # MiniCPM-2B (Hu et al. 2024): scale_emb 12, scale_depth 1.4, hidden 2304 over dim_model_base 256
 MINICPM = {"scale_emb": 12.0, "scale_depth": 1.4, "width_ratio": 2304 / 256}
@@ -167,11 +168,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.learning_rates = (1e-3,)
         _grid(c, {"d8_l2": _size(8, 2)}, ("baseline", *METHODS))
         c.seeds = (0,)
-    elif arg == "quick":
+    elif arg in ("quick", "methods_quick"):
         b.train.update(steps=200, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=200,
                        progress=False)
         c.learning_rates = (3e-4, 3e-3, 3e-2, 3e-1)
-        _grid(c, {"d32": _size(32, 2), "d64": _size(64, 2)}, VARIANTS)
+        _grid(c, {"d32": _size(32, 2), "d64": _size(64, 2)},
+              VARIANTS if arg == "quick" else ("baseline", *METHODS))
         c.seeds = (0, 1, 2)  # trained together (vmap_seeds)
     elif arg == "depth":  # LayerNorm Scaling / HybridNorm: does depth still help at small width?
         b.train.update(steps=500, batch_size=16, warmup_steps=25, log_every=25, checkpoint_every=500,
