@@ -202,6 +202,11 @@ def test_frontier_quick_scores_the_new_arms_at_exact_sizes_with_the_2x_target():
     assert r.config.eval.sizes == "exact" and r.config.eval.decode and r.config.train.fit_accuracy > 0
     assert c.findings == "sizes" and c.targets["size"] == 16
     assert set(c.targets["below"]) == {"rope", "nope"} and "pope" in c.targets["at_least"]
+    # the Hard-ALiBi arm nearer the paper's heads, run on demand: half of 8 heads windowed
+    _, extra = _points("frontier_quick", positions=("hard_alibi_h8",))
+    m = extra[0].run.config.model
+    assert (m.position.kind, m.num_heads, m.d_model) == ("hard_alibi", 8, by_arm["rope"].model.d_model)
+    assert m.position.hard_alibi.num_windowed is None  # None: num_heads // 2 = 4 (windows of 1-4 keys)
 
 
 def test_frontier_lm_quick_is_lm_quick_with_the_new_arms():
