@@ -48,6 +48,23 @@ def test_profile_of_uniform_attention():
     p = analyze.attention_profile([w[None, None]])
     np.testing.assert_allclose(p["entropy"][0], np.log(np.arange(1, L + 1)), atol=1e-12)
     np.testing.assert_allclose(p["distance"][0], np.arange(L) / 2, atol=1e-12)
+    np.testing.assert_allclose(p["first_key"][0], 1 / np.arange(1, L + 1), atol=1e-12)
+    assert p["first_key_share"][0] == pytest.approx(np.mean(1 / np.arange(2, L + 1)))
+
+
+def test_first_key_share_of_learned_sinks_with_zero_queries():
+    # q = 0 and no position terms (NoPE): every visible key has logit 0, and head h's sink s_h joins
+    # the normalizer (gpt-oss), so key 0's weight for query i is 1 / (i + 1 + exp(s_h)).
+    model = decoder("nope", num_layers=1, attention_sinks="learned")
+    _zero_queries(model)
+    sinks = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
+    model.blocks[0].attn.sinks[...] = jnp.asarray(sinks)
+    L = 10
+    p = analyze.attention_profile(analyze.attention_weights(model, tokens(2, L)))
+    i = np.arange(L)[None, :]
+    want = (1 / (i + 1 + np.exp(sinks)[:, None])).mean(0)
+    np.testing.assert_allclose(p["first_key"][0], want, atol=1e-6)
+    assert p["first_key_share"][0] == pytest.approx(want[1:].mean(), abs=1e-6)
 
 
 def test_bias_curves_follow_the_t5_buckets_and_merge_a_shared_table():

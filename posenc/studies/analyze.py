@@ -11,7 +11,9 @@ or one of WORKDIR/runs/<run>/ of python -m posenc compare). Writes into --out
   distance (tokens, sum_j w_ij (i - j)) against the query position, one
   line per layer (mean over heads and examples), at the training length L
   and at ``--factor`` x L; dashed: uniform attention over the visible keys
-  (entropy log(i + 1), distance i / 2);
+  (entropy log(i + 1), distance i / 2); ``analysis.json`` adds each layer's
+  weight on the first key per query and its mean over queries 1.. (the
+  attention sink, ``first_key_share``);
 * ``<prefix>bias_curves.png``: the bias each head adds against the distance
   i - j, for every layer whose encoding adds a bias from positions (T5,
   KERPLE, FIRE, ALiBi, plugins), at query positions L - 1 and factor x L - 1
@@ -140,10 +142,13 @@ def attention_weights(model, tokens, positions=None) -> list:
 
 
 def attention_profile(weights) -> dict:
-    """Per layer, entropy and mean distance i - j against the query index i (means over batch, heads)."""
+    """Per layer, entropy, mean distance i - j and the weight on the first key (j = 0) against the
+    query index i (means over batch, heads); ``first_key_share``: per layer, the first key's weight
+    averaged over the queries i >= 1 (query 0 sees only it), the attention-sink measure of Qiu et al.
+    2025 (with learned sinks, the weights over the keys sum to less than 1)."""
     import numpy as np
 
-    out = {"entropy": [], "distance": []}
+    out: dict = {"entropy": [], "distance": [], "first_key": [], "first_key_share": []}
     for w in weights:
         length = w.shape[-1]
         safe = np.where(w > 0, w, 1.0)
@@ -152,6 +157,9 @@ def attention_profile(weights) -> dict:
         dist = (w * np.maximum(gap, 0)).sum(-1)
         out["entropy"].append(ent.mean((0, 1)).tolist())
         out["distance"].append(dist.mean((0, 1)).tolist())
+        first = w[..., 0].mean((0, 1))  # [Lq]
+        out["first_key"].append(first.tolist())
+        out["first_key_share"].append(float(first[1:].mean()) if length > 1 else float(first[0]))
     return out
 
 
