@@ -4,7 +4,7 @@ before the workdir exists.
 
 Valid configs mix every registered encoding (RoPE with each frequency scaling), norm, placement,
 QK-norm, soft-caps, grouped-query attention, attention sinks, output gate, compute dtype and attention
-implementation, hyper-connections. Default: a
+implementation, hyper-connections of each kind. Default: a
 few examples (one compile each); ``POSENC_SLOW=1``: many more.
 """
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from jax import monitoring
 
 import helpers
-from posenc import norm_names, placements, rope, rope_scaling
+from posenc import hyper_connections, norm_names, placements, rope, rope_scaling
 from posenc.config import overrides
 from posenc.model import ENCODINGS
 from posenc.model import config as model_config_lib
@@ -104,6 +104,8 @@ def valid_fields(draw):
         f.update({"model.norm.qk_norm": "none", "model.norm.v_norm": False})
     if f["model.norm.placement"] == "pre":  # hyper-connections wrap pre-norm sublayers
         f["model.residual_streams"] = draw(st.sampled_from([1, 2]))
+        if f["model.residual_streams"] > 1:
+            f["model.hyper_connections"] = draw(st.sampled_from(hyper_connections.KINDS))
     unit, opts = ENCODINGS[kind], read_options(kind, None)
     if placements.PLACEMENTS[f["model.norm.placement"]].sphere:  # nGPT: its own scales, nothing else
         widened = unit.qk_head_dim(opts, head_dim=head_dim) != head_dim

@@ -170,6 +170,13 @@ def test_mhc_coefficients_ranges_and_jit():
     assert np.all((np.asarray(post) > 0) & (np.asarray(post) < 2))
     np.testing.assert_allclose(np.asarray(res).sum(-1), 1.0, atol=1e-3)  # rows of res: V4's comb columns
     assert hc.mhc_block(x, p, lambda h: h).dtype == jnp.bfloat16
+    head = hc.mhc_head_init(jax.random.key(1), N, D)
+    assert head["fn"].shape == (N, N * D) and float(jnp.std(head["fn"])) == pytest.approx(0.02, rel=0.3)
+    np.testing.assert_array_equal(head["base"], np.zeros(N))
+    np.testing.assert_array_equal(head["scale"], np.ones(1))
+    x32 = x.astype(jnp.float32)  # fn = 0: every stream weighted sigmoid(0) + eps
+    got = hc.mhc_head(x32, dict(head, fn=jnp.zeros_like(head["fn"])))
+    np.testing.assert_allclose(got, (0.5 + hc.HC_EPS) * np.asarray(x32).sum(-2), rtol=1e-6)
 
 
 def test_bad_inputs():

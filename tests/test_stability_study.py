@@ -69,7 +69,8 @@ METHOD_FIELDS = {  # variant -> (resolved field, value): each method's one switc
     "hybrid_norm_star": ("model.norm.placement", "hybrid_star"), "lns": ("model.norm.placement", "lns"),
     "gated_attention": ("model.attention_gate", "elementwise"),
     "gated_attention_headwise": ("model.attention_gate", "headwise"),
-    "sinks": ("model.attention_sinks", "learned"), "minicpm_multipliers": ("model.embedding_multiplier", 12.0)}
+    "sinks": ("model.attention_sinks", "learned"), "minicpm_multipliers": ("model.embedding_multiplier", 12.0),
+    "hyper_connections": ("model.residual_streams", 4), "mhc": ("model.hyper_connections", "mhc")}
 
 
 def _get(config, dotted):
@@ -138,6 +139,20 @@ def test_methods_smoke_runs_end_to_end(tmp_path):
     run = files.read_json(os.path.join(tmp_path, "runs", rows[1]["run"], "config.json"))
     assert run["config"]["model"]["residual_multiplier"] == pytest.approx(1.4 / math.sqrt(2))
     assert "| minicpm_multipliers |" in open(os.path.join(tmp_path, "table.md")).read()
+
+
+@pytest.mark.slow
+def test_hyper_connection_variants_train(tmp_path):
+    """methods_smoke's hyper-connection variants build four streams and train (about 20 s)."""
+    c = stability_config.get_config("methods_smoke")
+    stability_config._grid(c, {"d8_l2": stability_config._size(8, 2)}, ("hyper_connections", "mhc"))
+    rows = studies.run("stability", c, str(tmp_path))
+    assert [r["variant"] for r in rows] == ["hyper_connections", "mhc"]
+    for r in rows:
+        assert not r["diverged"] and r["loss"] < r["initial_loss"] < 6.0
+        run = files.read_json(os.path.join(tmp_path, "runs", r["run"], "config.json"))["config"]["model"]
+        assert (run["residual_streams"], run["hyper_connections"]) == (4, r["variant"].replace(
+            "hyper_connections", "dynamic"))
 
 
 def tiny_config():

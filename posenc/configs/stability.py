@@ -53,6 +53,12 @@ models) and the claim each tests:
                    (Qiu et al. 2025): removes attention sinks and massive activations and
                    improves stability (lower LR sensitivity, smaller max attention logit)
     sinks          model.attention_sinks learned (gpt-oss): a learned sink logit per head
+    hyper_connections, mhc   four residual streams (model.residual_streams 4) joined by dynamic
+                   hyper-connections (Zhu et al. 2025: DHC x4, Fig. 1 with OLMoE-1B-7B and Table 5
+                   with OLMo-7B) and by mHC (model.hyper_connections mhc; Xie et al. 2025, as
+                   DeepSeek-V4): hyper-connections beat one stream (a lower final loss than
+                   pre-norm at the same learning rate), and mHC trains at least as stably as HC
+                   (its Sinkhorn-projected stream mixing bounds the residual path's gain)
     minicpm_multipliers   MiniCPM-2B's multipliers (Hu et al. 2024): embeddings times 12,
                    residual branches times 1.4 / sqrt(num_layers), the final hidden state
                    times dim_model_base / d_model with the smallest width of the grid standing
@@ -79,6 +85,7 @@ ARGS = ("smoke", "methods_smoke", "quick", "methods_quick", "depth", "full")
 QK_CLIP = 100.0  # the Kimi K2 report's threshold
 # MiniCPM-2B (Hu et al. 2024): scale_emb 12, scale_depth 1.4, hidden 2304 over dim_model_base 256
 MINICPM = {"scale_emb": 12.0, "scale_depth": 1.4, "width_ratio": 2304 / 256}
+HC_STREAMS = 4  # the expansion rate of HC's DHC x4 and of mHC's (and DeepSeek-V4's hc_mult) runs
 
 VARIANTS = {
     "baseline": {},
@@ -98,12 +105,14 @@ VARIANTS = {
     "gated_attention": {"model.attention_gate": "elementwise"},
     "gated_attention_headwise": {"model.attention_gate": "headwise"},
     "sinks": {"model.attention_sinks": "learned"},
+    "hyper_connections": {"model.residual_streams": HC_STREAMS},
+    "mhc": {"model.residual_streams": HC_STREAMS, "model.hyper_connections": "mhc"},
     "minicpm_multipliers": {"model.embedding_multiplier": MINICPM["scale_emb"]},  # + size_variants
 }
 
 # The variants added with the norm and logit-control methods (the ``methods_smoke`` arg trains each).
 METHODS = ("qk_clip", "derf", "v_norm", "hybrid_norm", "hybrid_norm_star", "lns", "gated_attention",
-           "gated_attention_headwise", "sinks", "minicpm_multipliers")
+           "gated_attention_headwise", "sinks", "minicpm_multipliers", "hyper_connections", "mhc")
 
 # The depth sweep: pre-norm against the placements whose claims are about depth.
 DEPTH_VARIANTS = ("baseline", "lns", "hybrid_norm", "hybrid_norm_star")

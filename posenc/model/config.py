@@ -20,6 +20,7 @@ from posenc.attention import gated
 from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options
 from posenc.model.attention_call import IMPLS
+from posenc.norms import hyper_connections as hc_lib
 from posenc.norms import norm_names
 
 RANDOMIZED_PER = ("batch", "example")
@@ -157,8 +158,12 @@ class Model(Section):
                                                     "dim_model_base / d_model, Granite 1 / logits_scaling, "
                                                     "Cohere logit_scale)")
     residual_streams = Field(1, checks.positive_int,
-                             "n residual streams joined by dynamic hyper-connections around every sublayer "
-                             "(posenc.hyper_connections; Zhu et al. 2025); 1: the single stream; placement pre")
+                             "n residual streams joined by hyper-connections (model.hyper_connections) around "
+                             "every sublayer (posenc.hyper_connections); 1: the single stream; placement pre")
+    hyper_connections = Field("dynamic", checks.one_of(*hc_lib.KINDS),
+                              "with residual_streams > 1: dynamic (HC, Zhu et al. 2025) | static (HC without "
+                              "the input-dependent terms) | mhc (manifold-constrained HC, Sinkhorn-projected "
+                              "stream mixing and a learned final collapse: DeepSeek-V4)")
     dropout = Field(0.0, lambda n, v: checks.number(n, v, minimum=0.0, below=1.0), "dropout rate")
     tie_embeddings = Field(True, checks.boolean, "the head is the transposed token embedding")
     dtype = Field("float32", checks.one_of(*DTYPES), "compute dtype: auto (bfloat16 on GPU / TPU) | "

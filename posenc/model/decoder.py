@@ -21,6 +21,7 @@ from flax import nnx
 
 from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
+from posenc.model import streams
 from posenc.model.layers import Block, Norm
 from posenc.model.spec import ModelSpec
 from posenc.norms import diagnostics, hyper_connections, multipliers, ngpt, norms, placements
@@ -74,7 +75,10 @@ class Decoder(nnx.Module):
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
         # nGPT (model.norm.placement 'ngpt'): s_z per vocabulary entry; every matrix starts on the sphere
         self.sphere = n.sphere
-        self.residual_streams = spec.residual_streams
+        self.residual_streams, self.hc_kind, self.hc_eps = spec.residual_streams, spec.hyper_connections, n.eps
+        # mHC: the learned collapse of the streams before the final norm (DeepSeek-V4's hc_head)
+        self.hc_head = (streams.head_params(self.hc_kind, spec.residual_streams, spec.d_model, rngs=rngs)
+                        if spec.residual_streams > 1 else None)
         self.sz = nnx.Param(ngpt.init_params(spec.d_model, spec.vocab_size)["sz"]) if n.sphere else None
         if n.sphere:
             self._renormalize()
@@ -150,7 +154,7 @@ class Decoder(nnx.Module):
 
     def _output(self, x):
         if self.residual_streams > 1:
-            x = hyper_connections.reduce(x)
+            x = streams.collapse(self.hc_kind, x, self.hc_head, eps=self.hc_eps)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.logits_multiplier != 1.0:  # MiniCPM divides the hidden state; the head is linear

@@ -24,7 +24,8 @@ from posenc.attention import gated, logit_scale
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
-from posenc.norms import hybrid_norm, hyper_connections, layernorm_scaling, ngpt, norms, placements, qk_norm
+from posenc.model import streams
+from posenc.norms import hybrid_norm, layernorm_scaling, ngpt, norms, placements, qk_norm
 
 
 def lecun_normal(key, shape, fan_in):
@@ -399,14 +400,15 @@ class Block(nnx.Module):
         self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if self.placement == "rezero" else None
         self.residual_multiplier = spec.residual_multiplier
         self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
-        # Hyper-connections (model.residual_streams n > 1): dynamic HC around each pre-norm sublayer,
-        # sublayer k = 2 layer_index + (0 attention, 1 MLP) fed by stream k mod n at init; the
-        # dynamic terms read the streams through a norm of model.norm.kind.
-        n_streams = spec.residual_streams
+        # Hyper-connections (model.residual_streams n > 1) of model.hyper_connections' kind around each
+        # pre-norm sublayer (posenc.model.streams); dynamic HC reads the streams through a norm of
+        # model.norm.kind.
+        n_streams, self.hc_kind, self.hc_eps = spec.residual_streams, spec.hyper_connections, n.eps
         self.hc = None if n_streams == 1 else nnx.List([
-            nnx.Dict({k: nnx.Param(v) for k, v in hyper_connections.hc_init(
-                n_streams, spec.d_model, layer_index=2 * layer_index + j).items()}) for j in range(2)])
-        self.hc_norms = None if n_streams == 1 else nnx.List([Norm.of(n, spec.d_model) for _ in range(2)])
+            streams.sublayer_params(self.hc_kind, n_streams, spec.d_model, sublayer_index=2 * layer_index + j,
+                                    rngs=rngs) for j in range(2)])
+        self.hc_norms = (nnx.List([Norm.of(n, spec.d_model) for _ in range(2)])
+                         if n_streams > 1 and streams.needs_norm(self.hc_kind) else None)
 
     def _scaled(self, branch):
         """``branch`` times model.residual_multiplier (float32 product; the residual sum casts back)."""
@@ -444,9 +446,8 @@ class Block(nnx.Module):
             return (x + a + m).astype(x.dtype), stats
         if self.hc is not None:  # x: the streams [B, L, n, D]
             for j, (sub, norm) in enumerate(((attn_sub, self.norm1), (mlp_sub, self.norm2))):
-                params = {k: p[...] for k, p in self.hc[j].items()}
-                x = hyper_connections.hc_block(x, params, lambda h, s=sub, nm=norm: self._scaled(s)(nm(h)),
-                                               norm=self.hc_norms[j])
+                x = streams.block(self.hc_kind, x, self.hc[j], lambda h, s=sub, nm=norm: self._scaled(s)(nm(h)),
+                                  norm=None if self.hc_norms is None else self.hc_norms[j], eps=self.hc_eps)
             return x, stats
         if self.steps is not None:
             return ngpt.block(x, attn_sub, mlp_sub, self.steps["attn"][...], self.steps["mlp"][...],

@@ -123,6 +123,7 @@ class ModelSpec:
     residual_multiplier: float = 1.0
     logits_multiplier: float = 1.0
     residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
+    hyper_connections: str = "dynamic"  # their kind (posenc.hyper_connections.KINDS), read when streams > 1
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
@@ -165,6 +166,10 @@ def _spec(values, train_length) -> ModelSpec:
         raise ValueError(f"model.residual_streams={streams} (hyper-connections) wraps pre-norm sublayers: it needs "
                          f"model.norm.placement 'pre' and no parallel_residual; got {cfg.norm.placement!r}"
                          f"{' with parallel_residual' if parallel else ''}")
+    hc_kind = str(cfg.hyper_connections)
+    if streams == 1 and hc_kind != "dynamic":  # a kind set without streams would silently do nothing
+        raise ValueError(f"model.hyper_connections={hc_kind!r} joins residual streams: it needs "
+                         "model.residual_streams > 1; got 1")
     mlp_hidden, attention_scale = int(cfg.mlp_hidden), float(cfg.attention_scale)
     dtype = resolve_dtype(cfg.dtype)
     dropout, mlp_ratio = float(cfg.dropout), float(cfg.mlp_ratio)
@@ -205,7 +210,7 @@ def _spec(values, train_length) -> ModelSpec:
         attention_sinks=cfg.attention_sinks, attention_gate=cfg.attention_gate,
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
-        logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams,
+        logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams, hyper_connections=hc_kind,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )

@@ -52,6 +52,8 @@ _F32 = jnp.float32
 SINKHORN_ITERS = 20  # mHC's t_max and DeepSeek-V4's hc_sinkhorn_iters
 HC_EPS = 1e-6  # DeepSeek-V4's hc_eps
 DYNAMIC_SCALE = 0.01  # HC's initial s_alpha, s_beta
+# The kinds the decoder's model.hyper_connections selects: dynamic HC, static HC (hc_init(dynamic=False)), mHC.
+KINDS = ("dynamic", "static", "mhc")
 
 
 def expand(x, num_streams):
@@ -252,11 +254,21 @@ def mhc_block(streams, params, sublayer, *, iters=SINKHORN_ITERS, eps=HC_EPS, no
     return mhc_depth(sublayer(mhc_width(streams, pre)), streams, post, res)
 
 
+def mhc_head_init(key, num_streams, dim, *, std=0.02):
+    """Initial float32 :func:`mhc_head` parameters, as DeepSeek-V4's ``_init_weights``: ``fn [n, n D]``
+    normal with ``std``, ``base [n]`` zeros, ``scale [1]`` ones."""
+    n = checks.integer("num_streams", num_streams, minimum=1)
+    dim = checks.integer("dim", dim, minimum=1)
+    std = checks.number("std", std, minimum=0.0)
+    return {"fn": std * jax.random.normal(key, (n, n * dim), _F32), "base": jnp.zeros((n,), _F32),
+            "scale": jnp.ones((1,), _F32)}
+
+
 def mhc_head(streams, params, *, eps=HC_EPS, norm_eps=1e-6):
     """The final collapse of the streams before the last norm (DeepSeek-V4's ``DeepseekV4HyperHead``).
 
     ``pre = sigmoid(scale * rmsnorm(vec X) fn + base) + eps``, ``sum_s pre_s X_s``;
-    params ``fn [n, n D]``, ``base [n]``, ``scale [1]`` (init normal, zeros, ones).
+    params ``fn [n, n D]``, ``base [n]``, ``scale [1]`` (:func:`mhc_head_init`).
     """
     streams = _check_streams(streams)
     n, d = streams.shape[-2:]
