@@ -125,6 +125,16 @@ def test_size_variants_must_name_a_size_and_variants():
         engine.expand(studies.study("stability"), c)
 
 
+def test_run_variants_selects_entries_and_names_a_bad_one():
+    c = stability_config.get_config("methods_smoke")
+    c.run_variants = ("mhc", "baseline")
+    _, points = engine.expand(studies.study("stability"), c)
+    assert [p.fields["variant"] for p in points] == ["baseline", "mhc"]  # in the variants' order
+    c.run_variants = ("baseline", "hc")
+    with pytest.raises(ValueError, match="run_variants names 'hc', not a variants entry; choose from baseline"):
+        engine.expand(studies.study("stability"), c)
+
+
 @pytest.mark.slow
 def test_methods_smoke_runs_end_to_end(tmp_path):
     """Two of methods_smoke's variants (one with size_variants) train and report (about 20 s)."""

@@ -71,6 +71,7 @@ Fields:
     sizes           name -> dotted fields (width / depth) of each model size
     size_variants   size -> variant -> dotted fields that depend on the size (minicpm_fields)
     seeds           train.seed values
+    run_variants    the variants entries to run (empty: every one)
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         raise unknown_argument("stability config", arg, ARGS)
     c = ml_collections.ConfigDict()
     c.name = arg
+    c.run_variants = ()  # every variant; e.g. --config.run_variants='("baseline", "mhc")'
     b = c.base = default.get_config("text")
     b.model.update(num_heads=4)
     b.model.norm.kind = "layer"

@@ -37,6 +37,12 @@ def _seeds(name, value):
     return tuple(checks.integer(f"{name} entry", v, minimum=0) for v in value)
 
 
+def _names(name, value):
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{name} must be a tuple of variants entries; got {value!r}")
+    return tuple(value)
+
+
 def _sets(name, value):
     if not value:
         raise ValueError(f"{name} must name at least one entry (name -> dotted fields)")
@@ -54,6 +60,8 @@ class StabilityConfig(Section):
     size_variants = Free("size -> variant -> dotted fields set after the variant's (fields that depend "
                          "on the size, e.g. MiniCPM's residual and logit multipliers)", dotted=True)
     seeds = Field((0,), _seeds, "train.seed values", type=tuple)
+    run_variants = Field((), _names, "the variants entries to run (empty: every one), e.g. the baseline and "
+                                     "one method of a larger grid", type=tuple)
     vmap_seeds = Field(True, lambda n, v: checks.boolean(n, v),
                        "the seeds of a (size, variant, learning rate) train together in one vmapped step")
 
@@ -77,6 +85,10 @@ class Stability(engine.Study):
         from posenc.config import overrides
 
         sizes, variants = overrides.as_dict(config.sizes), overrides.as_dict(config.variants)
+        unknown = [v for v in config.run_variants if v not in variants]
+        if unknown:
+            raise ValueError(f"run_variants names {unknown[0]!r}, not a variants entry; choose from "
+                             f"{', '.join(variants)}")
         sized = overrides.as_dict(config.size_variants)
         for size, by_variant in sized.items():
             if size not in sizes or not isinstance(by_variant, dict) or not set(by_variant) <= set(variants):
@@ -84,7 +96,8 @@ class Stability(engine.Study):
                                  f"dotted fields; got {by_variant!r} (sizes {sorted(sizes)}, variants "
                                  f"{sorted(variants)})")
         points = []
-        for size, variant, lr, seed in itertools.product(sizes, variants, config.learning_rates, config.seeds):
+        chosen = [v for v in variants if not config.run_variants or v in config.run_variants]
+        for size, variant, lr, seed in itertools.product(sizes, chosen, config.learning_rates, config.seeds):
             name = f"{size}_{variant}_lr{lr:g}_s{seed}"
             run = grid.run_config(config.base, [
                 (f"sizes.{size}", sizes[size]), (f"variants.{variant}", variants[variant]),
