@@ -43,8 +43,10 @@ import jax.numpy as jnp
 from posenc.encodings.rope import rope_scaling_math
 from posenc.norms import norms
 
-__all__ = ["absorb_query", "absorbed_keys", "absorbed_output", "absorbed_scores", "expand",
+__all__ = ["LATENT_EPS", "absorb_query", "absorbed_keys", "absorbed_output", "absorbed_scores", "expand",
            "explicit_scores", "latent", "queries", "softmax_scale", "yarn_mscale"]
+
+LATENT_EPS = 1e-6  # eps of the q and kv latents' RMSNorms: the RMSNorm default of the official and HF code
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -73,7 +75,7 @@ def _dot(x, w):
     return out.astype(x.dtype)
 
 
-def queries(x, *, wq=None, wq_a=None, q_norm=None, wq_b=None, qk_nope_head_dim, eps=1e-6):
+def queries(x, *, wq=None, wq_a=None, q_norm=None, wq_b=None, qk_nope_head_dim, eps=LATENT_EPS):
     """x [..., L, D] -> (q_nope [..., L, H, N], q_pe [..., L, H, R]), not rotated.
 
     ``wq`` [D, H, N + R] (q_lora_rank 0), or the low-rank ``wq_a`` [D, Cq], RMSNorm
@@ -88,7 +90,7 @@ def queries(x, *, wq=None, wq_a=None, q_norm=None, wq_b=None, qk_nope_head_dim, 
     return q[..., :qk_nope_head_dim], q[..., qk_nope_head_dim:]
 
 
-def latent(x, wkv_a, kv_norm, *, eps=1e-6):
+def latent(x, wkv_a, kv_norm, *, eps=LATENT_EPS):
     """x [..., L, D] -> (c [..., L, C]: the normalised latent, k_pe [..., L, R]: the shared rotary
     key, not rotated); ``wkv_a`` [D, C + R], ``kv_norm`` [C]."""
     kv = _dot(x, wkv_a)

@@ -45,7 +45,7 @@ class LatentAttention(Attention):
         self.nope, self.rope, self.v_dim, self.absorb = (m.qk_nope_head_dim, m.qk_rope_head_dim,
                                                          m.v_head_dim, m.absorb)
         self.head_dim = m.qk_head_dim  # the width of q . k
-        self.norm_eps = spec.norm.eps
+        self.norm_eps = mla.LATENT_EPS  # DeepSeek's latent norms keep RMSNorm's default, not model.norm.eps
         lay = self._setup_call(spec, layer_index)
         self.encoding = encoding
 
