@@ -105,6 +105,7 @@ def test_absorbed_decoding_equals_explicit_and_the_full_forward(kind, position):
     ("rope", {"layout": "interleaved"}, {}),
     ("nope", {}, {"q_lora_rank": 0}),
     ("alibi", {}, {"absorb": False}),
+    ("xpos", {}, {}),  # a key transform that is not static: the cache keeps raw rotary keys
 ])
 def test_conformance(kind, options, fields):
     model = {"num_kv_heads": 0, "mla": dict(MLA, **fields)}
@@ -143,3 +144,21 @@ def test_defaults_and_scale():
     assert s.attention_scale == pytest.approx(12 ** -0.5) and s.unit_head_dim == 4
     assert s.num_kv_heads == 4
     assert helpers.spec("rope").mla is None
+
+
+def test_the_kinds_mla_takes_and_refuses():
+    """Units acting on the rotary part token by token or adding position-only biases run; the others are
+    refused in one line naming the hook that needs per-head keys (or the widening)."""
+    from posenc.model import ENCODINGS
+
+    taken, refused = set(), set()
+    for kind in sorted(k for k, cls in ENCODINGS.items() if cls.__module__.startswith("posenc.")):  # built-ins
+        c = mla_cfg(kind)
+        try:
+            ModelSpec.from_config(c, train_length=16)
+            taken.add(kind)
+        except ValueError as e:
+            assert "cannot run with MLA" in str(e) and "\n" not in str(e), (kind, str(e))
+            refused.add(kind)
+    assert refused == {"cope", "fox", "path", "path_fox", "pope", "shaw", "stickbreaking", "transformer_xl"}
+    assert {"rope", "nope", "alibi", "t5", "xpos", "fire", "kerple_log", "irope", "sinusoidal"} <= taken
