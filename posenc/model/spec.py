@@ -251,6 +251,15 @@ def _spec(values, train_length) -> ModelSpec:
     )
 
 
+def unit_head_dim(model) -> int:
+    """The width the layers' encodings act on, read off a ``config.model`` (not validated): MLA's
+    rotary width (``model.mla.qk_rope_head_dim``, 0: head_dim // 2) or the head dim."""
+    head = int(model.head_dim) or int(model.d_model) // int(model.num_heads)
+    if not int(model.mla.kv_lora_rank):
+        return head
+    return int(model.mla.qk_rope_head_dim) or head // 2
+
+
 def _mla(cfg, *, head_dim, num_heads, kv) -> MLASpec | None:
     """``model.mla`` resolved (None with kv_lora_rank 0, when no other field of it may be set)."""
     m = cfg.mla
@@ -264,7 +273,7 @@ def _mla(cfg, *, head_dim, num_heads, kv) -> MLASpec | None:
     if kv != num_heads:
         raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads!r} and model.mla: MLA shares one latent by "
                          "every head (no key-value groups); set model.num_kv_heads=0")
-    rope = int(m.qk_rope_head_dim) or head_dim // 2
+    rope = unit_head_dim(cfg)
     if rope % 2:
         raise ValueError(f"model.mla.qk_rope_head_dim must be even (rotary pairs); got {rope}"
                          + ("" if m.qk_rope_head_dim else f" (head_dim {head_dim} // 2)"))
