@@ -162,3 +162,27 @@ def test_the_kinds_mla_takes_and_refuses():
             refused.add(kind)
     assert refused == {"cope", "fox", "path", "path_fox", "pope", "shaw", "stickbreaking", "transformer_xl"}
     assert {"rope", "nope", "alibi", "t5", "xpos", "fire", "kerple_log", "irope", "sinusoidal"} <= taken
+
+
+def test_fused_kernel_forward_and_absorbed_decoding_equal_the_dense_path():
+    """attention_impl="pallas" (the Pallas interpreter on CPU): the explicit form's values (V) narrower
+    than q, k (N + R) and the absorbed form's one key head [c | k_pe] with values c both run in the kernel."""
+    from posenc.model import fused
+
+    toks = helpers.tokens(2, 6)
+    out = {}
+    for impl in ("dense", "pallas"):
+        model = mla_decoder("alibi", attention_impl=impl)
+        g, state = nnx.split(model)
+        with fused.force_backend("cpu"):
+            @jax.jit
+            def run(state, toks):
+                m = nnx.merge(g, state)
+                return m(toks), helpers.decode_stepwise(m, toks, 3, 8)[0]
+
+            if impl == "pallas":  # the kernel runs: both layers' forward, prefill and step
+                assert str(jax.make_jaxpr(run)(state, toks)).count("pallas_call") == 6
+            out[impl] = run(state, toks)
+    for a, b in zip(out["dense"], out["pallas"]):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(out["pallas"][1], out["pallas"][0], rtol=1e-5, atol=2e-5)
