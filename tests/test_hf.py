@@ -1,4 +1,4 @@
-"""posenc.hf: tiny checkpoints of seventeen HF families load into the Decoder and give transformers' logits.
+"""posenc.hf: tiny checkpoints of eighteen HF families load into the Decoder and give transformers' logits.
 
 Fixtures: tests/data/hf_models/<family>/ (config.json, model.safetensors, logits.npz), made by
 tests/data/make_hf_fixtures.py with transformers 5.24.0 (random weights, eager float32 attention,
@@ -54,7 +54,7 @@ def _full_and_cached(model, tokens):
 
 
 def test_fixtures_cover_the_families():
-    assert FAMILIES == ["bloom", "cohere2", "exaone4", "gemma2", "gemma3", "glm4", "gpt_neox",
+    assert FAMILIES == ["bloom", "cohere2", "deepseek_v3", "exaone4", "gemma2", "gemma3", "glm4", "gpt_neox",
                         "llama", "llama4", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
                         "qwen3_next", "smollm3"]
     assert len(hf.hf_families.FAMILIES) == len(FAMILIES)  # every family the loader has
@@ -140,6 +140,13 @@ def test_config_of_the_families_with_layer_patterns():
     assert (qn.attention_gate, qn.norm.kind, qn.norm.qk_norm, qn.attention_span) == (
         "elementwise", "rms_offset", "rms", "full")
     assert (qn.position.rope.rotary_fraction, qn.position.rope.base, qn.bias) == (0.25, 1e6, "none")
+    ds = hf.config(os.path.join(DATA, "deepseek_v3"))  # dense layers: MLA, YaRN on the rotary parts
+    assert dict(ds.mla) == {"kv_lora_rank": 8, "q_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                            "v_head_dim": 6, "absorb": True}
+    assert (ds.position.rope.layout, ds.position.rope.scaling, ds.position.rope.mscale_all_dim) == (
+        "interleaved", "yarn", 0.8)
+    # transformers' yarn_apply_mscale: 12^-1/2 times (0.1 * 0.8 * ln 4 + 1)^2
+    assert ds.attention_scale == pytest.approx(12 ** -0.5 * (0.08 * np.log(4.0) + 1.0) ** 2)
     c2 = hf.config(os.path.join(DATA, "cohere2"))
     assert c2.position.layers == ({"layers": (3,), "kind": "nope"},)
     assert (c2.norm.kind, c2.parallel_residual, c2.logits_multiplier, c2.tie_embeddings) == (
@@ -237,6 +244,13 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
      r"unsupported mixture-of-experts layers \[1\] .*num_experts=8"),
     ("qwen3_next", lambda c: c.pop("num_experts"),  # HF's default: 512 experts in every layer
      r"unsupported mixture-of-experts layers \[0, 1\] "),
+    ("deepseek_v3", lambda c: c.update(first_k_dense_replace=1),
+     r"unsupported field first_k_dense_replace=1 .*layers 1..1 are mixture-of-experts \(n_routed_experts=4\).*"
+     r"first_k_dense_replace >= num_hidden_layers \(2\) loads"),
+    ("deepseek_v3", lambda c: c.update(first_k_dense_replace=None),
+     r"unsupported field first_k_dense_replace=None .*mixture-of-experts"),
+    ("deepseek_v3", lambda c: c.update(attention_bias=True), r"unsupported field attention_bias=True"),
+    ("deepseek_v3", lambda c: c.update(num_key_value_heads=2), r"unsupported field num_key_value_heads=2"),
 ])
 def test_unsupported_architecture_or_field_is_one_line(tmp_path, family, edit, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -59,3 +59,38 @@ def test_the_step_clips_exactly_the_heads_whose_logit_passed_the_threshold(gate)
 def test_a_negative_threshold_fails_in_one_line():
     with pytest.raises(ConfigError, match="train.qk_clip"):
         prepare.resolve(_config(-1.0))
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 4])
+def test_mla_clips_the_nope_parts_by_sqrt_gamma_the_rotary_query_by_gamma(q_lora_rank):
+    """model.mla (posenc.qk_clip.clip_mla, Megatron-LM's MLA case): per head, the query and key "nope" parts
+    times sqrt(gamma), the rotary query part times gamma; the shared rotary key and the values stay."""
+    def config(threshold=0.0):
+        c = _config(threshold)
+        c.model.update(num_kv_heads=0, bias="none")
+        c.model.mla.update(kv_lora_rank=6, q_lora_rank=q_lora_rank, qk_nope_head_dim=4, qk_rope_head_dim=4,
+                           v_head_dim=3)
+        return c
+
+    key = jax.random.key(5)
+    plain, logits, _ = _step(prepare.resolve(config()), key)
+    threshold = float(np.median(logits))
+    clipped, logits_c, metrics = _step(prepare.resolve(config(threshold)), key)
+    np.testing.assert_allclose(logits_c, logits, rtol=1e-5)
+    assert float(metrics["qk_clipped_heads"]) == float((logits > threshold).sum()) > 0
+    tol = dict(rtol=5e-3, atol=1e-3)
+    for a, b, s in zip(plain.blocks, clipped.blocks, logits):
+        gamma = np.minimum(1.0, threshold / s)
+        a, b = a.attn, b.attn
+        name = "wq_b" if q_lora_rank else "wq"
+        qa, qb = np.asarray(getattr(a, name)[...]), np.asarray(getattr(b, name)[...])
+        np.testing.assert_allclose(qb[..., :4], qa[..., :4] * np.sqrt(gamma)[:, None], **tol)
+        np.testing.assert_allclose(qb[..., 4:], qa[..., 4:] * gamma[:, None], **tol)
+        kva, kvb = np.asarray(a.wkv_b[...]), np.asarray(b.wkv_b[...])
+        np.testing.assert_allclose(kvb[..., :4], kva[..., :4] * np.sqrt(gamma)[:, None], **tol)
+        np.testing.assert_allclose(kvb[..., 4:], kva[..., 4:], **tol)  # the values
+        np.testing.assert_allclose(b.wkv_a[...], a.wkv_a[...], **tol)  # the shared rotary key and the latent
+        if q_lora_rank:
+            np.testing.assert_allclose(b.wq_a[...], a.wq_a[...], **tol)  # shared by the heads
+        if gamma.min() < 1:  # the rule moved these weights by more than the tolerance
+            assert np.abs(qb[..., 4:] - qa[..., 4:]).max() > 1e-2

@@ -191,9 +191,10 @@ def _more_zero_shot(base, factor: float) -> dict:
     """Dynamic YaRN (s = n / L), YaRN with the quadratic temperature, and LongRoPE with the
     YaRN factors its search starts from (searched factors: the extend study)."""
     from posenc.encodings.rope import rope, rope_search
+    from posenc.model import spec as spec_lib
 
     m = base.model
-    rotary = rope.rotary_dim(m.head_dim or m.d_model // m.num_heads, m.position.rope.rotary_fraction)
+    rotary = rope.rotary_dim(spec_lib.unit_head_dim(m), m.position.rope.rotary_fraction)  # MLA: its rotary part
     start = rope_search.seed_factors(rotary, factor=factor, original_length=base.task.train_length)["yarn"]
     return {
         "dynamic_yarn": {"model.position.rope.scaling": "dynamic_yarn"},

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from posenc.attention import mla
 from posenc.hf import hf_params
 from posenc.model import encoding, presets
 from posenc.model import options as options_lib
@@ -365,6 +366,39 @@ def _qwen3_next_fields(hf):
     return out
 
 
+def _deepseek_v3_fields(hf):
+    """DeepSeek-V3's dense layers: multi-head latent attention (model.mla), RoPE on the rotary parts
+    (interleaved pairs with rope_interleave), the softmax scale times YaRN's mscale_all_dim squared."""
+    n = int(hf["num_hidden_layers"])
+    dense = hf.get("first_k_dense_replace", 3)  # HF's default
+    if dense is None or int(dense) < n:
+        start = 0 if dense is None else int(dense)
+        raise unsupported(hf, "first_k_dense_replace", f"layers {start}..{n - 1} are mixture-of-experts "
+                          f"(n_routed_experts={hf.get('n_routed_experts')}), which posenc does not have; "
+                          f"a checkpoint with first_k_dense_replace >= num_hidden_layers ({n}) loads")
+    heads = int(hf["num_attention_heads"])
+    _refuse(hf, {"attention_bias": ((False,), "posenc's MLA has no biases"),
+                 "num_key_value_heads": ((None, heads), "MLA's keys have every head (HF repeats them)"),
+                 "pretraining_tp": ((None, 1), "tensor-parallel slicing changes the sums")})
+    out = _base(hf, "deepseek_v3")
+    out["model.mlp"] = _act(hf, "hidden_act", {"silu": "swiglu"})
+    nope, rope_dim = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"])
+    out.update({"model.num_kv_heads": 0, "model.head_dim": nope + rope_dim,
+                "model.mla.kv_lora_rank": int(hf["kv_lora_rank"]),
+                "model.mla.q_lora_rank": int(hf.get("q_lora_rank") or 0),
+                "model.mla.qk_nope_head_dim": nope, "model.mla.qk_rope_head_dim": rope_dim,
+                "model.mla.v_head_dim": int(hf["v_head_dim"])})
+    p = _rope_params(hf)
+    _set_rope(out, _rope_options(hf, p))
+    out["model.position.rope.layout"] = "interleaved" if hf.get("rope_interleave", True) else "half"
+    # transformers' yarn_apply_mscale: any scaled RoPE with mscale_all_dim multiplies the softmax scale
+    all_dim = p.get("mscale_all_dim") if p["rope_type"] != "default" else None
+    out["model.attention_scale"] = mla.softmax_scale(nope + rope_dim, factor=float(p.get("factor") or 1.0),
+                                                     mscale=float(all_dim or 0.0))
+    _set_spans(out, hf, ["full"] * n)
+    return out
+
+
 def _default_of(option: str):
     return options_lib.options_of(encoding.get("rope"))[option].default
 
@@ -459,6 +493,7 @@ FAMILIES: dict[str, Family] = {
                       functools.partial(_P.llama_params, norms=_P.PARALLEL_NORMS)),
     "gpt_neox": Family("gpt_neox", _neox_fields, _P.neox_params),
     "bloom": Family("bloom", _bloom_fields, _P.bloom_params),
+    "deepseek_v3": Family("deepseek_v3", _deepseek_v3_fields, _P.deepseek_v3_params),
 }
 
 

@@ -116,6 +116,36 @@ def llama_params(hf, tensors, spec, *, mlp="mlp", norms=None):
     return out
 
 
+def deepseek_v3_params(hf, tensors, spec):
+    """DeepSeek-V3's dense layers: MLA's projections (posenc.model.latent_attention), SwiGLU MLPs."""
+    t, out = _Tensors(tensors), {}
+    m, H = spec.mla, spec.num_heads
+    qk, nv = m.qk_head_dim, m.qk_nope_head_dim + m.v_head_dim
+    _head(out, spec, t, "model.embed_tokens.weight", "lm_head.weight")
+    _norm(out, ("final_norm",), t, "model.norm", "rms")
+    for i in range(spec.num_layers):
+        p, b = f"model.layers.{i}.", ("blocks", i)
+        a = p + "self_attn."
+        if m.q_lora_rank:
+            out[b + ("attn", "wq_a")] = t(a + "q_a_proj.weight").T
+            out[b + ("attn", "q_norm")] = t(a + "q_a_layernorm.weight")
+            out[b + ("attn", "wq_b")] = _heads_in(t(a + "q_b_proj.weight"), H, qk)
+        else:
+            out[b + ("attn", "wq")] = _heads_in(t(a + "q_proj.weight"), H, qk)
+        out[b + ("attn", "wkv_a")] = t(a + "kv_a_proj_with_mqa.weight").T  # [D, C + R]: latent, rotary key
+        out[b + ("attn", "kv_norm")] = t(a + "kv_a_layernorm.weight")
+        out[b + ("attn", "wkv_b")] = _heads_in(t(a + "kv_b_proj.weight"), H, nv)  # [C, H, N + V]
+        out[b + ("attn", "wo")] = _heads_out(t(a + "o_proj.weight"), H, m.v_head_dim)
+        mp = p + "mlp."
+        out[b + ("mlp", "w1")] = t(mp + "gate_proj.weight").T
+        out[b + ("mlp", "w3")] = t(mp + "up_proj.weight").T
+        out[b + ("mlp", "w2")] = t(mp + "down_proj.weight").T
+        for ours, theirs in PRE_NORMS.items():
+            _norm(out, b + (ours,), t, p + theirs, "rms")
+    t.done()
+    return out
+
+
 def _fused_qkv(out, b, t, name, spec):
     """GPT-NeoX / BLOOM query_key_value: per head [q | k | v] (view [..., H, 3, Dh])."""
     H, Dh = spec.num_heads, spec.head_dim

@@ -30,6 +30,8 @@ convolution inputs). PaTH's keys are stored moved through every later token
 Layout::
 
     {"k": (layer 0 [B, S, K, Dk], ...), "v": (layer 0 [B, S, K, Dh], ...),  # Dk: key_dims
+     # (multi-head latent attention, model.mla: k [B, S, 1, C + R] the normalised latent and
+     #  the rotary key, v [B, S, 1, 0]; posenc.model.latent_attention)
      "features": (layer 0 {name: [B, S, ...]}, ...),   # {} for most encodings
      "state": (layer 0 {name: array}, ...),            # {} for most encodings
      "input_state": {name: array},  # the input unit's state ({} for most; Abacus: its digit run)
@@ -44,22 +46,26 @@ import jax.numpy as jnp
 
 
 def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, features=None,
-         states=None, input_state=None, key_dims=None):
+         states=None, input_state=None, key_dims=None, value_dims=None, kv_heads=None):
     """An empty cache for ``max_length`` tokens.
 
     ``key_dims``: per layer, the width of its cached keys (None: ``head_dim``
     everywhere; keys cached after a transform that widens them, PoPE's, are
-    wider than the values). ``features``: per layer, name -> shape of one token's feature
+    wider than the values); ``value_dims`` and ``kv_heads``: per layer, the width of its
+    cached values and its number of key heads (None: ``head_dim``, ``num_kv_heads``; a
+    multi-head latent attention layer caches one key head [latent | rotary key] and no
+    values, width 0). ``features``: per layer, name -> shape of one token's feature
     (``jax.ShapeDtypeStruct`` [B, 1, ...]); ``states``: per layer, the unit's
     initial decoding state (a dict of arrays); ``input_state``: the input
     unit's (``Encoding.token_embed``).
     """
-    shape = (batch_size, max_length, num_kv_heads, head_dim)
     key_dims = key_dims or [head_dim] * num_layers
+    value_dims = value_dims or [head_dim] * num_layers
+    kv_heads = kv_heads or [num_kv_heads] * num_layers
     features = features or [{}] * num_layers
     return {
-        "k": tuple(jnp.zeros(shape[:3] + (d,), dtype) for d in key_dims),
-        "v": tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+        "k": tuple(jnp.zeros((batch_size, max_length, h, d), dtype) for h, d in zip(kv_heads, key_dims)),
+        "v": tuple(jnp.zeros((batch_size, max_length, h, d), dtype) for h, d in zip(kv_heads, value_dims)),
         "features": tuple({n: jnp.zeros((f.shape[0], max_length) + tuple(f.shape[2:]), f.dtype)
                            for n, f in layer.items()} for layer in features),
         "state": tuple(states or [{}] * num_layers),

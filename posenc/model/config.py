@@ -131,6 +131,20 @@ class LogitScale(Section):
     ssmax_bias = Field(False, checks.boolean, "ssmax: s log n + b, b learned per head (init 0)")
 
 
+class MLA(Section):
+    """model.mla: multi-head latent attention (DeepSeek-V2 / V3; posenc.mla) in every layer."""
+
+    kv_lora_rank = Field(0, checks.nonnegative_int, "C: the latent's width (0: MLA off, the usual attention)")
+    q_lora_rank = Field(0, checks.nonnegative_int, "Cq: the low-rank query's width (0: one query projection)")
+    qk_nope_head_dim = Field(0, checks.nonnegative_int, "N: each head's query / key part without position "
+                                                        "(0: head_dim)")
+    qk_rope_head_dim = Field(0, checks.nonnegative_int, "R: the rotary part, the key's shared by the heads; "
+                                                        "the per-layer encoding acts on it (0: head_dim // 2)")
+    v_head_dim = Field(0, checks.nonnegative_int, "V: each head's value width (0: head_dim)")
+    absorb = Field(True, checks.boolean, "decoding attends over the cached latent with the key and value "
+                                         "projections absorbed (posenc.mla); False: expands keys and values")
+
+
 class Model(Section):
     """model: the decoder (sizes, attention, spans, norms, positions)."""
 
@@ -188,6 +202,7 @@ class Model(Section):
     layer_spans = Field((), _spans, "explicit per-layer spans (instead of attention_span / global_every)",
                         type=tuple)
     logit_scale = Sub(LogitScale)
+    mla = Sub(MLA)
     position = Sub(Position)
     norm = Sub(Norm)
 

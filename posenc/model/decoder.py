@@ -49,7 +49,7 @@ class Decoder(nnx.Module):
             cls = encoding_lib.get(kind)
             key = (kind, tuple(sorted(options.items())))
             unit = cls(dict(options), d_model=spec.d_model, num_heads=spec.num_heads,
-                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                       num_kv_heads=spec.num_kv_heads, head_dim=spec.unit_head_dim,
                        layer_index=layer_index, num_layers=spec.num_layers, rngs=rngs,
                        first=first.get(key))
             first.setdefault(key, unit)
@@ -226,7 +226,9 @@ class Decoder(nnx.Module):
                               features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks],
                               states=[u.init_state(batch_size) for u in units],
                               input_state=None if unit is None else unit.init_state(batch_size),
-                              key_dims=[b.attn.cached_key_dim for b in self.blocks])
+                              key_dims=[b.attn.cached_key_dim for b in self.blocks],
+                              value_dims=[b.attn.cached_value_dim for b in self.blocks],
+                              kv_heads=[b.attn.cached_kv_heads for b in self.blocks])
 
     def _feature_shapes(self, attn, batch_size):
         """name -> ShapeDtypeStruct [B, 1, ...] of the features the layer's keys need (one token)."""

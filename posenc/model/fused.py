@@ -82,6 +82,8 @@ def plan(q, k, v, q_positions, k_positions, encoding, call):
                       "or a bias without kernel_terms)")
     if isinstance(call.scale, jax.core.Tracer):
         return None, "the logit scale is traced (the kernel takes a static float)"
+    if v.shape[-1] > q.shape[-1]:
+        return None, f"values wider than the queries ({v.shape[-1]} > {q.shape[-1]}: the kernel takes Dv <= Dh)"
     if not (q.dtype == k.dtype == v.dtype):
         return None, f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})"
     terms = encoding.kernel_terms(q_positions, k_positions)

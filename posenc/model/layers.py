@@ -25,7 +25,7 @@ from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
 from posenc.model import layout as layout_lib
 from posenc.model import streams
-from posenc.norms import hybrid_norm, layernorm_scaling, ngpt, norms, placements, qk_norm
+from posenc.norms import hybrid_norm, layernorm_scaling, ngpt, norms, placements, qk_clip, qk_norm
 
 
 def lecun_normal(key, shape, fan_in):
@@ -147,12 +147,7 @@ class Attention(nnx.Module):
     def __init__(self, spec, encoding, *, dtype, vo_gain, rngs, layer_index=0, sqk=None):
         D, H, K, head_dim = spec.d_model, spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim, self.dtype = H, K, head_dim, dtype
-        self.softcap = spec.norm.attn_softcap
-        self.impl, self.block = spec.attention_impl, spec.attention_block
-        self.causal_block = spec.attention_causal_block
-        lay = spec.layout or layout_lib.Layout.default(spec.num_layers)
-        span = lay.span(layer_index)
-        self.window, self.chunk = span["window"], span["chunk"]
+        lay = self._setup_call(spec, layer_index)
         self.qk_norm_kind = spec.norm.qk_norm if lay.qk_norm[layer_index] else "none"
         self.qk_eps = None if self.qk_norm_kind == "none" else spec.norm.eps
         self.qk_norm_after_rope = spec.norm.qk_norm_after_rope
@@ -161,15 +156,9 @@ class Attention(nnx.Module):
         qkv = spec.norm.qkv_norm
         self.qkv_params = (nnx.Dict({f"{n}_scale": nnx.Param(jnp.ones((head_dim,), jnp.float32)) for n in "qkv"})
                            if qkv else None)
-        self.scale = spec.attention_scale
-        ls = lay.logit_scale
-        self.logit_scale = ls.kind if lay.scaled[layer_index] else "none"
-        self.logit_opts = {"train_length": ls.train_length, "floor_scale": ls.floor_scale,
-                           "attn_scale": ls.attn_scale}
         self.encoding = encoding
         self.gate_mode = spec.attention_gate
         gate_dim = 0 if self.gate_mode == "none" else gated.gate_dim(self.gate_mode, head_dim)
-        self.sink_kind = spec.attention_sinks
 
         def proj(shape, fan_in, fan_out, gain):
             if gain is None:
@@ -187,19 +176,57 @@ class Attention(nnx.Module):
         self.biases = nnx.Dict({n: nnx.Param(jnp.zeros(heads.get(n, (D,)), jnp.float32)) for n in bias})
         qk = qk_norm.qk_norm_init(self.qk_norm_kind, H, K, head_dim)
         self.qk_params = nnx.Dict({n: nnx.Param(v) for n, v in qk.items()})
+        self._setup_scales(lay.logit_scale)
+        # nGPT (posenc.ngpt): s_qk [H Dh] scales the unit-norm rotated q and k of every head
+        self.sqk = None if sqk is None else nnx.Param(sqk)
+        self.sqk_scaling = ngpt.base_scale(D)
+
+    def _setup_call(self, spec, layer_index):
+        """The call's settings of the layer (soft-cap, path, span, scale, logit scale, sinks); -> its layout."""
+        self.softcap = spec.norm.attn_softcap
+        self.impl, self.block = spec.attention_impl, spec.attention_block
+        self.causal_block = spec.attention_causal_block
+        lay = spec.layout or layout_lib.Layout.default(spec.num_layers)
+        span = lay.span(layer_index)
+        self.window, self.chunk = span["window"], span["chunk"]
+        self.scale = spec.attention_scale
+        ls = lay.logit_scale
+        self.logit_scale = ls.kind if lay.scaled[layer_index] else "none"
+        self.logit_opts = {"train_length": ls.train_length, "floor_scale": ls.floor_scale,
+                           "attn_scale": ls.attn_scale}
+        self.sink_kind = spec.attention_sinks
+        return lay
+
+    def _setup_scales(self, ls):
+        """The per-head parameters of the logit scale and the sinks (``self.num_heads`` heads)."""
+        H = self.num_heads
         # Scalable-Softmax: s (and b) per head of this layer.
         ssmax = self.logit_scale == "ssmax"
         self.ssmax_s = nnx.Param(jnp.full((H,), ls.ssmax_init, jnp.float32)) if ssmax else None
         self.ssmax_b = nnx.Param(jnp.zeros((H,), jnp.float32)) if ssmax and ls.ssmax_bias else None
         # gpt-oss's learned sinks: one float32 logit per query head, init 0 (model.attention_sinks)
         self.sinks = nnx.Param(jnp.zeros((H,), jnp.float32)) if self.sink_kind == "learned" else None
-        # nGPT (posenc.ngpt): s_qk [H Dh] scales the unit-norm rotated q and k of every head
-        self.sqk = None if sqk is None else nnx.Param(sqk)
-        self.sqk_scaling = ngpt.base_scale(D)
 
     def sphere_matrices(self):
         """nGPT: each matrix with its model-width axis (renormalised after every optimizer step)."""
         return [(self.wq, 0), (self.wk, 0), (self.wv, 0), (self.wo, -1)]
+
+    def qk_clip(self, max_logits, threshold: float) -> None:
+        """QK-Clip after an optimizer step (``train.qk_clip``; Kimi K2, Megatron-LM): per key head's group,
+        ``gamma = min(1, threshold / the group's largest logit)``; ``gamma ** 0.5`` on the group's query
+        weights and biases and on the key head's (``posenc.qk_clip.clip_scales``). ``max_logits`` [H]."""
+        def scaled(param, scale, head_axis, width):
+            # the first ``width`` of each head: the query (or key) itself, not a gate beside it in ``wq``
+            w = param[...]
+            param[...] = w.at[..., :width].set(qk_clip.scale_heads(w[..., :width], scale, head_axis=head_axis))
+
+        width = self.head_dim
+        q_scale, k_scale = qk_clip.clip_scales(max_logits, num_kv_heads=self.num_kv_heads, threshold=threshold)
+        scaled(self.wq, q_scale, 1, width)
+        scaled(self.wk, k_scale, 1, width)
+        for name, scale in (("q", q_scale), ("k", k_scale)):
+            if name in self.biases:
+                scaled(self.biases[name], scale, 0, width)
 
     def project(self, x):
         """x [B, L, D] -> q [B, L, H, Dh], k, v [B, L, K, Dh] (QK-, V- or QKV-normed, not yet rotated) and
@@ -261,6 +288,14 @@ class Attention(nnx.Module):
     def cached_key_dim(self) -> int:
         """The width of this layer's cached keys (the encoding's ``qk_dim`` when transformed)."""
         return self.encoding.qk_dim if self.keys_cached_transformed else self.head_dim
+
+    @property
+    def cached_value_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def cached_kv_heads(self) -> int:
+        return self.num_kv_heads
 
     def decode(self, x, positions, all_positions, entry, *, seq_len, length):
         """Append x [B, T, D] to this layer's cache ``entry``; -> (y [B, T, D], new entry).
@@ -336,24 +371,34 @@ class Attention(nnx.Module):
             q, k = self._qk_norm(q, k)
         if self.sqk is not None:  # nGPT: after the rotation; the cache holds the keys before it
             q, k = ngpt.scale_qk(q, k, self.sqk[...], sqk_scaling=self.sqk_scaling)
+        out, stats = self.softmax_attention(q, k, v, q_positions, k_positions, q_offset=q_offset,
+                                            kv_length=kv_length, causal=causal, return_stats=return_stats,
+                                            q_features=q_features, k_features=k_features)
+        out = enc.output(out, q_features)
+        if gate is not None:
+            out = gated.gate(out, gate)
+        y = self.project_out(out)
+        if "o" in self.biases:
+            y = y + self.biases["o"][...].astype(y.dtype)
+        return (y, stats) if return_stats else y
+
+    def softmax_attention(self, q, k, v, q_positions, k_positions, *, q_offset, kv_length, causal,
+                          return_stats, q_features=None, k_features=None):
+        """The logit scale, then ``posenc.model.attention.attention`` with the layer's call -> (out, stats | None)."""
         kv = k.shape[1] if kv_length is None else kv_length
         q = self.scale_queries(q, q_positions, q_offset=q_offset, kv_length=kv, causal=causal)
         call = attn_lib.AttentionCall(
             scale=self.scale, causal=causal, q_offset=q_offset, kv_length=kv_length, window=self.window,
             chunk=self.chunk, softcap=self.softcap, impl=self.impl, block=self.block,
-            causal_block=self.causal_block, stats=return_stats, q_features=q_features, k_features=k_features,
-            sinks=self._sinks())
-        res = attn_lib.attention(q, k, v, q_positions, k_positions, enc, call=call)
-        out, stats = res if return_stats else (res, None)
-        out = enc.output(out, q_features)
-        if gate is not None:
-            out = gated.gate(out, gate)
+            causal_block=self.causal_block, stats=return_stats, q_features=q_features or {},
+            k_features=k_features or {}, sinks=self._sinks())
+        res = attn_lib.attention(q, k, v, q_positions, k_positions, self.encoding, call=call)
+        return res if return_stats else (res, None)
+
+    def project_out(self, out):
+        """The output projection: out [B, L, H, Dv] -> [B, L, D]."""
         wo = self.wo[...].astype(self.dtype)
-        y = linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)),
-                   wo.reshape(-1, wo.shape[-1]))
-        if "o" in self.biases:
-            y = y + self.biases["o"][...].astype(y.dtype)
-        return (y, stats) if return_stats else y
+        return linear(out.astype(self.dtype).reshape(out.shape[:-2] + (-1,)), wo.reshape(-1, wo.shape[-1]))
 
 
 def _cached(encoding, features):
@@ -375,8 +420,14 @@ class Block(nnx.Module):
         self.alpha = alpha
         # nGPT: the official scales (posenc.ngpt.init_params), step sizes alpha_A, alpha_M per layer
         sphere = ngpt.init_params(spec.d_model, spec.vocab_size, mlp_dim=spec.mlp_hidden) if n.sphere else {}
-        self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
-                              layer_index=layer_index, sqk=sphere.get("sqk"))
+        if spec.mla is None:
+            self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
+                                  layer_index=layer_index, sqk=sphere.get("sqk"))
+        else:  # multi-head latent attention (model.mla): its own projections and cache
+            from posenc.model.latent_attention import LatentAttention
+
+            self.attn = LatentAttention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
+                                        layer_index=layer_index)
         self.parallel = spec.parallel_residual
         self.mlp = MLP(spec.mlp, spec.d_model, spec.mlp_hidden, dtype=dtype, gain=beta, rngs=rngs,
                        bias=spec.bias == "all", suv=sphere.get("suv"))

@@ -16,6 +16,8 @@ scale (posenc/configs/default.py) changes the window / chunk after applying it.
 
 from __future__ import annotations
 
+import math
+
 _LLAMA_LIKE = {
     "model.position.kind": "rope",
     "model.norm.kind": "rms",
@@ -135,6 +137,19 @@ PRESETS: dict[str, dict] = {
                 "model.num_layers": 4, "model.attention_span": "window",
                 "model.attention_window": 4096, "model.global_every": 4,
                 "model.position.layers": ({"every": 4, "offset": 3, "kind": "nope"},)},
+    # DeepSeek-V3 (its dense layers; posenc has no mixture of experts): multi-head latent attention
+    # (q_lora_rank 1536, kv_lora_rank 512, 128 + 64 query / key widths, 128 values), YaRN x40 from 4096
+    # on the rotary parts in pairs (2i, 2i + 1), the softmax scale 192^-1/2 times mscale(40, 1)^2
+    "deepseek_v3": {**_LLAMA_LIKE, "model.norm.eps": 1e-6, "model.num_kv_heads": 0,
+                    "model.mla.kv_lora_rank": 512, "model.mla.q_lora_rank": 1536,
+                    "model.mla.qk_nope_head_dim": 128, "model.mla.qk_rope_head_dim": 64,
+                    "model.mla.v_head_dim": 128,
+                    "model.attention_scale": 192 ** -0.5 * (0.1 * math.log(40.0) + 1.0) ** 2,
+                    "model.position.rope.base": 10000.0, "model.position.rope.layout": "interleaved",
+                    "model.position.rope.scaling": "yarn", "model.position.rope.factor": 40.0,
+                    "model.position.rope.original_length": 4096, "model.position.rope.beta_fast": 32.0,
+                    "model.position.rope.beta_slow": 1.0, "model.position.rope.mscale": 1.0,
+                    "model.position.rope.mscale_all_dim": 1.0},
     # T5-style relative bias with unscaled logits (T5 folds 1 / sqrt(d) into its init), RMSNorm,
     # gated GELU (T5 v1.1), one bias table shared by every layer
     "t5": {"model.position.kind": "t5", "model.attention_scale": 1.0, "model.norm.kind": "rms",

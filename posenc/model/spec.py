@@ -94,6 +94,34 @@ class PositionSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (``model.mla``, posenc.mla): the widths, resolved."""
+
+    kv_lora_rank: int  # C
+    q_lora_rank: int  # Cq (0: one query projection)
+    qk_nope_head_dim: int  # N
+    qk_rope_head_dim: int  # R: the width every layer's encoding sees
+    v_head_dim: int  # V
+    absorb: bool  # decoding in the absorbed form
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+# What an MLA layer's unit may not do (the hook or fact, and why), in refusal order.
+_MLA_REFUSED = (
+    ("content_logits", "its logit term reads per-head keys"),
+    ("values", "it adds to per-head values"),
+    ("prepare", "it reads the layer input and changes q, k, v"),
+    ("feature_bias", "it reads per-token features"),
+    ("attention", "it computes its own attention weights"),
+    ("output", "it changes the attention output"),
+    ("update_cache", "it rewrites cached keys"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     vocab_size: int
     d_model: int
@@ -124,6 +152,12 @@ class ModelSpec:
     logits_multiplier: float = 1.0
     residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
     hyper_connections: str = "dynamic"  # their kind (posenc.hyper_connections.KINDS), read when streams > 1
+    mla: MLASpec | None = None  # multi-head latent attention (model.mla); None: the usual attention
+
+    @property
+    def unit_head_dim(self) -> int:
+        """The width of the queries and keys every layer's encoding acts on (MLA: the rotary part)."""
+        return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
@@ -181,9 +215,15 @@ def _spec(values, train_length) -> ModelSpec:
     kv = int(cfg.num_kv_heads) or num_heads
     if num_heads % kv:
         raise ValueError(f"model.num_heads {num_heads} is not divisible by model.num_kv_heads {kv}")
-    position = _position(cfg.position, head_dim=head_dim, num_heads=num_heads,
-                         num_layers=num_layers, train_length=train_length)
+    mla = _mla(cfg, head_dim=head_dim, num_heads=num_heads, kv=kv)
+    if mla is not None:
+        kv = num_heads  # the explicit form's keys and values have every head
+    position = _position(cfg.position, head_dim=head_dim if mla is None else mla.qk_rope_head_dim,
+                         num_heads=num_heads, num_layers=num_layers, train_length=train_length)
     norm = _norm(cfg.norm)
+    if mla is not None:
+        _check_mla(cfg, position, norm, rope_dim=mla.qk_rope_head_dim)
+        attention_scale = attention_scale or mla.qk_head_dim ** -0.5
     _check_own_qk_norm(position, norm, head_dim=head_dim)
     _check_hidden_keys(position, norm)
     _check_sinks(cfg.attention_sinks, position)
@@ -211,9 +251,80 @@ def _spec(values, train_length) -> ModelSpec:
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
         logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams, hyper_connections=hc_kind,
+        mla=mla,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
+
+
+def unit_head_dim(model) -> int:
+    """The width the layers' encodings act on, read off a ``config.model`` (not validated): MLA's
+    rotary width (``model.mla.qk_rope_head_dim``, 0: head_dim // 2) or the head dim."""
+    head = int(model.head_dim) or int(model.d_model) // int(model.num_heads)
+    if not int(model.mla.kv_lora_rank):
+        return head
+    return int(model.mla.qk_rope_head_dim) or head // 2
+
+
+def _mla(cfg, *, head_dim, num_heads, kv) -> MLASpec | None:
+    """``model.mla`` resolved (None with kv_lora_rank 0, when no other field of it may be set)."""
+    m = cfg.mla
+    if not m.kv_lora_rank:
+        defaults = config_lib.MLA.config()
+        for field in defaults:
+            if m[field] != defaults[field]:
+                raise ValueError(f"model.mla.{field}={m[field]!r} is set, but MLA is off "
+                                 "(model.mla.kv_lora_rank=0); set kv_lora_rank > 0 or leave the field")
+        return None
+    if kv != num_heads:
+        raise ValueError(f"model.num_kv_heads={cfg.num_kv_heads!r} and model.mla: MLA shares one latent by "
+                         "every head (no key-value groups); set model.num_kv_heads=0")
+    rope = unit_head_dim(cfg)
+    if rope % 2:
+        raise ValueError(f"model.mla.qk_rope_head_dim must be even (rotary pairs); got {rope}"
+                         + ("" if m.qk_rope_head_dim else f" (head_dim {head_dim} // 2)"))
+    return MLASpec(kv_lora_rank=int(m.kv_lora_rank), q_lora_rank=int(m.q_lora_rank),
+                   qk_nope_head_dim=int(m.qk_nope_head_dim) or head_dim, qk_rope_head_dim=rope,
+                   v_head_dim=int(m.v_head_dim) or head_dim, absorb=bool(m.absorb))
+
+
+# Fields MLA replaces with its own projections and norms (it has no q, k, v of one width to act on).
+_MLA_FIELDS = {"bias": "none", "attention_gate": "none", "norm.qk_norm": "none",
+               "norm.qk_norm_after_rope": False, "norm.v_norm": False}
+
+
+def _check_mla(cfg, position, norm, *, rope_dim) -> None:
+    """MLA's projections and cache replace the per-head q, k, v: refuse what needs them."""
+    for field, wanted in _MLA_FIELDS.items():
+        value = cfg[field] if "." not in field else cfg.norm[field.split(".")[1]]
+        if value != wanted:
+            raise ValueError(f"model.mla (kv_lora_rank={cfg.mla.kv_lora_rank}) cannot be combined with "
+                             f"model.{field}={value!r} (MLA has its own projections and norms); set "
+                             f"model.{field}={wanted!r}")
+    if norm.qkv_norm or norm.sphere:
+        raise ValueError(f"model.mla cannot be combined with model.norm.placement={norm.placement!r} (it "
+                         "normalises or scales per-head q, k, v, which MLA does not form); choose another "
+                         "placement")
+    for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
+        check_mla_unit(encoding.get(k), dict(opts), rope_dim=rope_dim,
+                       where=f"model.mla: layer {i}'s position kind {k!r}")
+
+
+def check_mla_unit(cls, options: dict, *, rope_dim: int, where: str) -> None:
+    """MLA takes units that rotate or scale the rotary part token by token and position-only
+    biases; ValueError for the others (``where`` names the layer)."""
+    for hook, why in _MLA_REFUSED:
+        if encoding.overrides(cls, hook):
+            raise ValueError(f"{where} cannot run with MLA: {why} ({hook}); MLA takes units that act on "
+                             "the rotary part of q and k or add position-only biases (e.g. rope, nope, "
+                             "alibi, t5)")
+    field = cls.rotates_in_attention(options) or cls.own_qk_norm(options)
+    if field:
+        raise ValueError(f"{where} cannot run with MLA with model.position.{cls.name}.{field}="
+                         f"{options[field]!r}: MLA rotates the rotary key once per token")
+    if cls.qk_head_dim(options, head_dim=rope_dim) != rope_dim:
+        raise ValueError(f"{where} cannot run with MLA: it widens q and k, and MLA adds its rotary "
+                         "part to the per-head part")
 
 
 # nGPT's model: what the other fields must be (the official code has none of these).

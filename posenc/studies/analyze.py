@@ -279,7 +279,7 @@ def rope_wavelengths(resolved, factor: int) -> dict | None:
     if "rope" not in spec.position.kinds:
         return None
     opts = spec.position.options["rope"]
-    d = rope.rotary_dim(spec.head_dim, opts["rotary_fraction"])
+    d = rope.rotary_dim(spec.unit_head_dim, opts["rotary_fraction"])
     length = int(resolved.config.task.train_length)
     out = {"train_length": length, "factor": factor, "rotary_dim": d, "base": float(opts["base"]),
            "run_scaling": opts["scaling"], "wavelength": {}, "pair_factor": {}}

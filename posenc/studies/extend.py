@@ -238,9 +238,10 @@ def _resets(m: Method) -> dict:
 def _placeholder_longrope(config, factor) -> dict:
     """The YaRN factors the search starts from: a stand-in for validating a LongRoPE fine-tune."""
     from posenc.encodings.rope import rope, rope_search
+    from posenc.model import spec as spec_lib
 
     m = config.model
-    rotary = rope.rotary_dim(m.head_dim or m.d_model // m.num_heads, m.position.rope.rotary_fraction)
+    rotary = rope.rotary_dim(spec_lib.unit_head_dim(m), m.position.rope.rotary_fraction)  # MLA: its rotary part
     start = rope_search.seed_factors(rotary, factor=float(factor), original_length=int(config.task.train_length))
     return {"short_factor": [1.0] * len(start["yarn"]), "long_factor": [float(v) for v in start["yarn"]],
             "factor": float(factor), "original_length": int(config.task.train_length)}

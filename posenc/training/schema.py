@@ -96,7 +96,7 @@ class Train(Section):
     z_loss = Field(0.0, checks.nonnegative, "PaLM z-loss weight (1e-4 typical; 0 = off)")
     qk_clip = Field(0.0, checks.nonnegative, "QK-Clip (Kimi K2): after each step, scale the query and key weights "
                     "of every head whose largest logit passed this threshold back to it (100 in the report; "
-                    "0 = off)")
+                    "0 = off; MLA: the nope parts by sqrt(gamma), the rotary query by gamma)")
     pose_length = Field(0, checks.nonnegative_int, "PoSE (Zhu et al. 2024): train on task.train_length windows whose "
                         "positions skip so that distances up to this length occur (0 = off; >= task.train_length)")
     seed = Field(0, checks.nonnegative_int, "model init and data keys")

@@ -54,7 +54,7 @@ import optax
 from flax import nnx
 
 from posenc.encodings import absolute, pose
-from posenc.norms import qk_clip, z_loss
+from posenc.norms import z_loss
 from posenc.training import optim, specs
 from posenc.training import sharding as sharding_lib
 
@@ -169,25 +169,13 @@ def _qk_clip(model, max_logits, threshold: float):
     """QK-Clip (Kimi K2, MuonClip): rescale each head's query and key weights (and biases) after the step.
 
     ``max_logits`` [num_layers, H]: the largest pre-softmax logit of each layer's query heads in
-    the step's forward. Per key head (its group of query heads), ``gamma = min(1, threshold /
-    the group's largest logit)``; the group's query weights are scaled by ``gamma ** 0.5`` and the
-    key head's by ``gamma ** 0.5`` (:func:`posenc.qk_clip.clip_scales`, as Megatron-LM's
-    ``qk_clip``), so those logits shrink by gamma. Returns the number of query heads whose logit
-    passed the threshold (float32).
+    the step's forward. Each layer applies the rule of its form (``Attention.qk_clip``: per key
+    head's group, ``gamma ** 0.5`` on its query and key weights, as Megatron-LM's ``qk_clip``;
+    ``LatentAttention.qk_clip``: MLA's case, ``posenc.qk_clip.clip_mla``), so those logits shrink
+    by gamma. Returns the number of query heads whose logit passed the threshold (float32).
     """
-    def scaled(param, scale, head_axis, width):
-        # the first ``width`` of each head: the query (or key) itself, not a gate beside it in ``wq``
-        w = param[...]
-        param[...] = w.at[..., :width].set(qk_clip.scale_heads(w[..., :width], scale, head_axis=head_axis))
-
     for i, block in enumerate(model.blocks):
-        attn, width = block.attn, block.attn.head_dim
-        q_scale, k_scale = qk_clip.clip_scales(max_logits[i], num_kv_heads=attn.num_kv_heads, threshold=threshold)
-        scaled(attn.wq, q_scale, 1, width)
-        scaled(attn.wk, k_scale, 1, width)
-        for name, scale in (("q", q_scale), ("k", k_scale)):
-            if name in attn.biases:
-                scaled(attn.biases[name], scale, 0, width)
+        block.attn.qk_clip(max_logits[i], threshold)
     return jnp.sum(max_logits > threshold).astype(jnp.float32)
 
 

@@ -9,7 +9,7 @@ Not run by the test suite (it needs torch and transformers). Made in a separate 
 Named families are rewritten and the other folders left as they are (no name: every family). Each
 family's weights are drawn with the seed of its place in ``configs()``, so new families go last.
 The committed fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), safetensors 0.8.0
-and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2, exaone4 and qwen3_next: Python 3.11.2 with
+and Python 3.11.7 (qwen3, olmo2, smollm3, olmo3, glm4, cohere2, exaone4, qwen3_next and deepseek_v3: Python 3.11.2 with
 the same transformers, torch and safetensors). Gemma 3 text (``Gemma3TextConfig``,
 ``Gemma3ForCausalLM``) is in transformers since 4.50 and Llama 4 text (``Llama4TextConfig``,
 ``Llama4ForCausalLM``) since 4.51; this script writes the 5.x config form (``rope_parameters``, per
@@ -137,6 +137,16 @@ def configs():
             hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, layer_types=["full_attention"] * 2, num_experts=0,
             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+            max_position_embeddings=64, **COMMON),
+        # DeepSeek-V3's dense layers (first_k_dense_replace = num_hidden_layers: no experts): MLA with a
+        # low-rank query, YaRN with mscale != mscale_all_dim (an attention factor and a softmax scale)
+        "deepseek_v3": c.DeepseekV3Config(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4,
+            v_head_dim=6, first_k_dense_replace=2, n_routed_experts=4, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 0.8},
             max_position_embeddings=64, **COMMON),
     }
 
