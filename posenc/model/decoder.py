@@ -57,13 +57,11 @@ class Decoder(nnx.Module):
         input_cls = encoding_lib.get(pos.kind)
         self.input_encoding = (build(pos.kind, pos.options[pos.kind]) if input_cls.acts_at_input()
                                else None)
-        units = [(pos.kind, pos.options[pos.kind]), *zip(pos.layer_kinds, layer_options)]
-        limits = [encoding_lib.get(k).longest_sequence(o) for k, o in units]
+        limits = [encoding_lib.get(k).longest_sequence(o) for k, o in pos.units]
         self.max_sequence = min((n for n in limits if n is not None), default=None)
-        axes = [encoding_lib.get(k).position_axes(o) for k, o in units]
-        self.position_axes = model_axes(units, axes)
+        self.position_axes = pos.axes
         # per unit (input, then layers): reads every axis (else axis 0 of a multi-axis model's)
-        self.reads_axes = tuple(self.position_axes > 1 and a > 1 for a in axes)
+        self.reads_axes = tuple(self.position_axes > 1 and a > 1 for a in pos.unit_axes)
         self.embedding = nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (spec.vocab_size, spec.d_model)))
         self.blocks = nnx.List([Block(spec, build(k, layer_options[i], i), layer_index=i,
@@ -326,16 +324,6 @@ class Decoder(nnx.Module):
         new_cache = cache_lib.assemble(entries, positions=all_positions, length=length + T,
                                        input_state=input_state)
         return self._output(h), new_cache
-
-
-def model_axes(units, axes) -> int:
-    """The position axes of a model of ``units`` [(kind, options)] reading ``axes`` each: 1, or the A
-    of its multi-axis units (ValueError when they differ)."""
-    many = sorted({(a, k) for (k, _), a in zip(units, axes) if a > 1})
-    if len({a for a, _ in many}) > 1:
-        raise ValueError("the position units of a model must read the same number of position axes; got "
-                         + ", ".join(f"{k!r}: {a}" for a, k in many))
-    return many[0][0] if many else 1
 
 
 def _pair(res, return_stats):
