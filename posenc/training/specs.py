@@ -106,7 +106,7 @@ def _position_axes(config) -> int:
     kinds = {pos.kind, *(pos.get("layer_kinds") or ()), *(r.get("kind") for r in (pos.get("layers") or ()))}
     if not any(k in ENCODINGS and overrides(ENCODINGS[k], "position_axes") for k in kinds if k):
         return 1  # the common case, without resolving the model's spec
-    return ModelSpec.from_config(config.model, train_length=int(config.task.train_length)).position.axes
+    return ModelSpec.from_values(config.model, train_length=int(config.task.train_length)).position.axes
 
 
 @dataclasses.dataclass(frozen=True)
