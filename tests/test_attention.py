@@ -13,6 +13,7 @@ from flax import nnx
 
 import helpers
 from posenc.model.attention import AttentionCall, attention, dense_attention
+from posenc.model.options import options_of
 
 B, L, H, K, DH, BLOCK = 2, 13, 4, 2, 8, 4  # L not a multiple of BLOCK; GQA 4 heads / 2 kv heads
 
@@ -40,6 +41,9 @@ def _run(enc, *, causal=True, softcap=0.0, return_stats=False):
     blocks (L = 13 in blocks of 4: the last one partial) and blocked attention."""
     g, params, rest = nnx.split(enc, nnx.Param, ...)
     q, k, v, positions, cot = _inputs()
+    axes = type(enc).position_axes({n: getattr(enc, n) for n in options_of(type(enc))})
+    if axes > 1:  # M-RoPE, 2D RoPE: positions [B, L, A] that differ by axis
+        positions = jnp.stack([positions + (a * positions) % 3 for a in range(axes)], axis=-1)
 
     x = jax.random.normal(jax.random.key(9), (B, L, enc.d_model))
 

@@ -35,7 +35,7 @@ Layout::
      "features": (layer 0 {name: [B, S, ...]}, ...),   # {} for most encodings
      "state": (layer 0 {name: array}, ...),            # {} for most encodings
      "input_state": {name: array},  # the input unit's state ({} for most; Abacus: its digit run)
-     "positions": int32 [B, S],   # position given for each written slot
+     "positions": int32 [B, S],   # position given for each written slot ([B, S, A]: A axes)
      "length": int32 []}          # number of written slots
 """
 
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 
 
 def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, features=None,
-         states=None, input_state=None, key_dims=None, value_dims=None, kv_heads=None):
+         states=None, input_state=None, key_dims=None, value_dims=None, kv_heads=None, position_axes=1):
     """An empty cache for ``max_length`` tokens.
 
     ``key_dims``: per layer, the width of its cached keys (None: ``head_dim``
@@ -57,7 +57,8 @@ def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, f
     values, width 0). ``features``: per layer, name -> shape of one token's feature
     (``jax.ShapeDtypeStruct`` [B, 1, ...]); ``states``: per layer, the unit's
     initial decoding state (a dict of arrays); ``input_state``: the input
-    unit's (``Encoding.token_embed``).
+    unit's (``Encoding.token_embed``); ``position_axes``: A > 1 keeps positions
+    [B, S, A] (``Encoding.position_axes``).
     """
     key_dims = key_dims or [head_dim] * num_layers
     value_dims = value_dims or [head_dim] * num_layers
@@ -70,7 +71,8 @@ def init(num_layers, batch_size, max_length, num_kv_heads, head_dim, dtype, *, f
                            for n, f in layer.items()} for layer in features),
         "state": tuple(states or [{}] * num_layers),
         "input_state": dict(input_state or {}),
-        "positions": jnp.zeros((batch_size, max_length), jnp.int32),
+        "positions": jnp.zeros((batch_size, max_length) + ((position_axes,) if position_axes > 1 else ()),
+                               jnp.int32),
         "length": jnp.zeros((), jnp.int32),
     }
 
@@ -92,8 +94,18 @@ def assemble(entries, *, positions, length, input_state=None):
 
 
 def next_positions(cache, num_tokens):
-    """Default positions of the next ``num_tokens``: continue after the last given one."""
+    """Default positions of the next ``num_tokens``: continue after the last given one.
+
+    Several axes ([B, S, A]): continue after the largest id written on any axis, the
+    same id on every axis (Qwen2-VL's text after an image: ``posenc.mrope.position_ids``).
+    """
     length = cache["length"]
+    positions = cache["positions"]
+    if positions.ndim == 3:
+        written = (jnp.arange(positions.shape[1]) < length)[None, :, None]
+        start = jnp.where(length > 0, jnp.max(jnp.where(written, positions, -1), axis=(1, 2)) + 1, 0)
+        ids = start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]
+        return jnp.broadcast_to(ids[..., None], ids.shape + (positions.shape[2],))
     last = jax.lax.dynamic_index_in_dim(cache["positions"], jnp.maximum(length - 1, 0), axis=1,
                                         keepdims=False)
     start = jnp.where(length > 0, last + 1, 0)

@@ -11,7 +11,8 @@ encoding has:
 - ``cached decoding, token by token`` and ``cached decoding, in pieces``:
   a prefill then one token per call, and two prefills of several tokens,
   give the logits of the full forward pass (and a cache of every token);
-- ``shift invariance`` (units that declare ``relative = True``): logits at
+- ``shift invariance`` (units that declare ``relative = True``; not under nGPT,
+  whose per-dimension s_qk after the rotation is not relative): logits at
   positions moved by 4097 and by 10^6 equal those at 0..L-1 within 1e-4,
   dense and blocked;
 - ``causality``: d logits_i / d x_j is 0 for every j > i and not 0 for
@@ -123,7 +124,7 @@ def decode_stepwise(model, tokens, first, max_length, positions=None):
     Call inside a jit."""
     cache = model.init_cache(tokens.shape[0], max_length)
     head, cache = model.decode(tokens[:, :first], cache,
-                               *(() if positions is None else (positions[..., :first],)))
+                               *(() if positions is None else (_tokens(positions, 0, first),)))
 
     def step(cache, token):  # token [B]
         out, cache = model.decode(token[:, None], cache)
@@ -140,13 +141,35 @@ def decode_in_pieces(model, tokens, cuts, max_length, positions=None):
     bounds = (0, *cuts, tokens.shape[1])
     outs = []
     for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        given = () if positions is None or i else (positions[..., s:e],)
+        given = () if positions is None or i else (_tokens(positions, s, e),)
         out, cache = model.decode(tokens[:, s:e], cache, *given)
         outs.append(out)
     return jnp.concatenate(outs, axis=1), cache
 
 
 # ------------------------------------------------------------------ internals
+
+def _tokens(positions, start, end):
+    """Tokens ``start:end`` of positions [L], [B, L] or [B, L, A] (several axes: the axis last)."""
+    return positions[:, start:end] if positions.ndim == 3 else positions[..., start:end]
+
+
+def _axis_positions(positions, key, axes):
+    """The named positions on ``axes`` axes: "gappy" with its own gaps per axis; "arange" and
+    "decoding" a 2 x 2 grid (the last two axes (row, col), earlier ones its first id) of the first
+    ``CUTS[0]`` tokens, then ids continuing after the largest on every axis, as decoding continues
+    (``posenc.model.cache.next_positions``)."""
+    gaps = jax.random.randint(key, (axes - 1, B, L), 1, 3)
+    gappy = jnp.stack([positions["gappy"]] + [positions["gappy"] + jnp.cumsum(g, axis=-1) for g in gaps],
+                      axis=-1)
+    n = CUTS[0]
+    grid = np.zeros((L, axes), np.int32)
+    grid[:n, -1] = np.arange(n) % 2
+    grid[:n, -2] = np.arange(n) // 2
+    grid[n:] = grid[:n].max() + 1 + np.arange(L - n)[:, None]
+    arange = jnp.broadcast_to(jnp.asarray(grid), (B, L, axes))
+    return {"gappy": gappy.astype(jnp.int32), "arange": arange, "decoding": OFFSET + arange}
+
 
 def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
@@ -238,6 +261,7 @@ class _Runner:
 
     def __init__(self, cls, specs, seed):
         self.cls = cls
+        self.sphere = specs["dense"].norm.sphere
         models = {impl: Decoder(s, rngs=nnx.Rngs(seed)) for impl, s in specs.items()}
         perturb_params(models["dense"], jax.random.key(seed + 1000), PERTURB)
         self.graphdefs = {impl: nnx.split(m, nnx.Param, ...)[0] for impl, m in models.items()}
@@ -249,6 +273,9 @@ class _Runner:
         self.positions = {"gappy": (gappy + jnp.arange(B)[:, None]).astype(jnp.int32),
                           "arange": jnp.tile(jnp.arange(L, dtype=jnp.int32), (B, 1))}
         self.positions["decoding"] = OFFSET + self.positions["arange"]
+        axes = models["dense"].position_axes
+        if axes > 1:  # positions [B, L, A] that differ by axis (a model of M-RoPE, 2D RoPE)
+            self.positions = _axis_positions(self.positions, keys[1], axes)
         self.cot = jax.random.normal(keys[2], (B, L, V))
         self.dx = jnp.zeros((B, L, specs["dense"].d_model), jnp.float32)
         self._memo, self._programs = {}, {}
@@ -354,6 +381,9 @@ class _Runner:
     def check_shift_invariance(self):
         if not self.cls.relative:
             return "skipped", "the unit does not declare relative = True"
+        if self.sphere:
+            return "skipped", ("nGPT (placement 'ngpt') scales the rotated q and k per dimension (s_qk, after "
+                               "the rotation as NVIDIA/ngpt): its logits are not shift invariant")
         rtol, atol = TOLERANCE["shift invariance"]
         problems, worst = [], []
         for impl in CHECKED_IMPLS:

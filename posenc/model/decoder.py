@@ -58,9 +58,11 @@ class Decoder(nnx.Module):
         input_cls = encoding_lib.get(pos.kind)
         self.input_encoding = (build(pos.kind, pos.options[pos.kind]) if input_cls.acts_at_input()
                                else None)
-        limits = [encoding_lib.get(k).longest_sequence(o)
-                  for k, o in [(pos.kind, pos.options[pos.kind]), *zip(pos.layer_kinds, layer_options)]]
+        limits = [encoding_lib.get(k).longest_sequence(o) for k, o in pos.units]
         self.max_sequence = min((n for n in limits if n is not None), default=None)
+        self.position_axes = pos.axes
+        # per unit (input, then layers): reads every axis (else axis 0 of a multi-axis model's)
+        self.reads_axes = tuple(self.position_axes > 1 and a > 1 for a in pos.unit_axes)
         self.embedding = nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (spec.vocab_size, spec.d_model)))
         self.blocks = nnx.List([Block(spec, build(k, layer_options[i], i), layer_index=i,
@@ -116,7 +118,10 @@ class Decoder(nnx.Module):
 
         Shared positions let position-only biases (ALiBi, T5, KERPLE, FIRE) and
         rotary angles be computed once per layer instead of once per example.
+        A model of A > 1 position axes: [batch | 1, length, A] (:meth:`_axis_positions`).
         """
+        if self.position_axes > 1:
+            return self._axis_positions(positions, batch, length, shared=shared)
         if positions is None:
             positions = jnp.arange(length, dtype=jnp.int32)
         positions = jnp.asarray(positions)
@@ -129,6 +134,38 @@ class Decoder(nnx.Module):
         if shared and rows == 1:
             batch = 1
         return jnp.broadcast_to(positions.astype(jnp.int32), (batch, length))
+
+    def _axis_positions(self, positions, batch, length, *, shared):
+        """int32 [batch | 1, length, A] of a model reading A > 1 axes.
+
+        [B | 1, L, A'] with A' >= A: the last A axes (ids ordered coarse to fine, Qwen2-VL's
+        (t, h, w): a 2D unit reads (h, w)); one axis [L] or [B, L] (None: 0..L-1): the
+        same ids on every axis.
+        """
+        A = self.position_axes
+        if positions is None:
+            positions = jnp.arange(length, dtype=jnp.int32)
+        positions = jnp.asarray(positions)
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise ValueError(f"positions must be integers; got dtype {positions.dtype}")
+        if positions.ndim in (1, 2) and positions.shape[-1] == length:
+            positions = positions.reshape((-1, length))[..., None]
+        elif not (positions.ndim == 3 and positions.shape[1] == length and positions.shape[2] >= A):
+            raise ValueError(f"positions of a model reading {A} position axes must have shape [L], [B, L] "
+                             f"(the same ids on every axis) or [B, L, A] with L={length}, A >= {A} (the "
+                             f"last {A} axes are read); got {positions.shape}")
+        rows = positions.shape[0]
+        if not (shared and rows == 1):
+            rows = batch
+        positions = positions[..., positions.shape[-1] - A:] if positions.shape[-1] > 1 else positions
+        return jnp.broadcast_to(positions.astype(jnp.int32), (rows, length, A))
+
+    def _unit_positions(self, index, positions):
+        """The positions unit ``index`` (0: the input unit, i + 1: layer i) reads: every axis, or
+        axis 0 for a one-axis unit of a multi-axis model."""
+        if self.position_axes == 1 or self.reads_axes[index]:
+            return positions
+        return positions[..., 0]
 
     def embed_tokens(self, tokens):
         """tokens int [B, L] -> [B, L, D] in the compute dtype (scaled by sqrt(D) if set)."""
@@ -186,15 +223,16 @@ class Decoder(nnx.Module):
         positions = self._positions(positions, B, L, shared=True)
         if seq_len is None:
             seq_len = jnp.max(positions) + 1
-        h, _ = self._input(x.astype(self.dtype), positions, deterministic, tokens=tokens, key=key)
+        h, _ = self._input(x.astype(self.dtype), self._unit_positions(0, positions), deterministic,
+                           tokens=tokens, key=key)
 
-        def attend(attn, hin):
-            return attn.forward(hin, positions, seq_len=seq_len, causal=causal,
+        def attend(attn, hin, i):
+            return attn.forward(hin, self._unit_positions(i + 1, positions), seq_len=seq_len, causal=causal,
                                 return_stats=return_stats)
 
         layer_stats = []
-        for block in self.blocks:
-            h, s = block(h, lambda a, hin: _pair(attend(a, hin), return_stats),
+        for i, block in enumerate(self.blocks):
+            h, s = block(h, lambda a, hin, i=i: _pair(attend(a, hin, i), return_stats),
                          deterministic=deterministic)
             layer_stats.append(s)
         logits = self._output(h)
@@ -204,6 +242,10 @@ class Decoder(nnx.Module):
 
     def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False, key=None):
         """tokens int [B, L]; positions int [B, L] or [L] (default arange) -> logits [B, L, V].
+
+        A model of units reading A > 1 position axes (``Encoding.position_axes``: M-RoPE,
+        2D RoPE) also takes [B | 1, L, A'] (A' >= A: the last A axes; one axis: the same
+        ids on every axis).
 
         ``key``: a PRNG key for the training-time randomness of the input unit
         (Abacus's offset k); None (evaluation, the default) draws nothing.
@@ -228,7 +270,8 @@ class Decoder(nnx.Module):
                               input_state=None if unit is None else unit.init_state(batch_size),
                               key_dims=[b.attn.cached_key_dim for b in self.blocks],
                               value_dims=[b.attn.cached_value_dim for b in self.blocks],
-                              kv_heads=[b.attn.cached_kv_heads for b in self.blocks])
+                              kv_heads=[b.attn.cached_kv_heads for b in self.blocks],
+                              position_axes=self.position_axes)
 
     def _feature_shapes(self, attn, batch_size):
         """name -> ShapeDtypeStruct [B, 1, ...] of the features the layer's keys need (one token)."""
@@ -249,7 +292,9 @@ class Decoder(nnx.Module):
         """Append tokens [B, T] to ``cache``; -> (logits [B, T, V], new cache).
 
         T > 1 prefills, T = 1 is one step. ``positions`` [B, T] or [T] defaults to
-        continuing after the last cached position (0, 1, ... for an empty cache).
+        continuing after the last cached position (0, 1, ... for an empty cache); a
+        multi-axis model (see ``__call__``) also takes [B | 1, T, A'] and continues after
+        the largest cached id, the same on every axis (``posenc.model.cache.next_positions``).
         """
         tokens = jnp.asarray(tokens)
         B, T = tokens.shape
@@ -264,14 +309,17 @@ class Decoder(nnx.Module):
         positions = self._positions(positions, B, T)
         all_positions = cache_lib.write(cache["positions"], positions, length)
         written = jnp.arange(S) < length + T
+        if self.position_axes > 1:  # the largest id over every axis
+            written = written[:, None]
         seq_len = jnp.max(jnp.where(written[None, :], all_positions, 0)) + 1  # as in forward_embeddings
-        h, input_state = self._input(self.embed_tokens(tokens), positions, deterministic,
-                                     tokens=tokens, state=cache.get("input_state", {}))
+        h, input_state = self._input(self.embed_tokens(tokens), self._unit_positions(0, positions),
+                                     deterministic, tokens=tokens, state=cache.get("input_state", {}))
         entries = []
 
         def attend_for(i):
             def attend(attn, hin):
-                y, entry = attn.decode(hin, positions, all_positions, cache_lib.layer(cache, i),
+                y, entry = attn.decode(hin, self._unit_positions(i + 1, positions),
+                                       self._unit_positions(i + 1, all_positions), cache_lib.layer(cache, i),
                                        seq_len=seq_len, length=length)
                 entries.append(entry)
                 return y, None

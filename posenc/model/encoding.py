@@ -115,7 +115,18 @@ to every ``qk``; options with ``train_length=True`` (0 = the task's
 training length) carry the original length.
 
 Positions arrive as int32 ``[B, L]`` or ``[1, L]`` (shared by the batch);
-every method must broadcast them against the batch of q and k.
+every method must broadcast them against the batch of q and k. A unit that
+reads several position axes (M-RoPE's (t, h, w), 2D RoPE's (row, col))
+declares how many in ``position_axes(options)`` (a classmethod, default 1)
+and gets ``[B | 1, L, A]`` instead: the axis last, so that the token axis
+stays axis 1 for attention's blocks and the cache's slots (the pure
+functions take them axis first: ``jnp.moveaxis(positions, -1, 0)``). A model
+of such units takes positions ``[B | 1, L, A]`` (or one axis ``[L]`` /
+``[B, L]``, the same ids on every axis, which makes M-RoPE plain RoPE), its
+cache keeps them ``[B, S, A]``, ``seq_len`` is the largest id over every axis
++ 1 and decoding continues at that id on every axis (Qwen2-VL); its one-axis
+units (NoPE layers, an input unit) read axis 0. Every multi-axis unit of a
+model reads the same number of axes.
 
 docs/api.md ("The encoding protocol") gives every hook's arguments, shapes,
 dtypes and return value and when attention calls it (full forward, blocked
@@ -286,6 +297,11 @@ class Encoding(nnx.Module):
         if any(overrides(cls, m) for m in ("feature_bias", "attention", "output", "prepare")):
             return False  # data-dependent terms: the XLA path
         return overrides(cls, "kernel_terms") or not overrides(cls, "bias")
+
+    @classmethod
+    def position_axes(cls, options: dict) -> int:
+        """How many position axes the unit reads (1: positions [B | 1, L]; A > 1: [B | 1, L, A])."""
+        return 1
 
     @classmethod
     def longest_sequence(cls, options: dict) -> int | None:

@@ -104,6 +104,11 @@ def attention(q, k, v, q_positions, k_positions, terms, call):
     blocks outside them).
     """
     backend, interpret = _backend()
+    if q_positions.ndim == 3:  # several axes (M-RoPE, 2D RoPE): no score terms read them
+        if terms:
+            raise ValueError("the kernel's score terms read one position axis; got positions "
+                             f"{q_positions.shape} of several")
+        q_positions, k_positions = q_positions[..., 0], k_positions[..., 0]
     return kernels.flash_attention(
         q, k, v, q_positions=q_positions, k_positions=k_positions, score_terms=terms,
         scale=float(call.scale), causal=call.causal, q_offset=call.q_offset,

@@ -338,6 +338,8 @@ class Attention(nnx.Module):
         if kind == "none":
             return q
         if kind == "temperature":  # Llama 4: a function of the absolute position
+            if q_positions.ndim == 3:  # several position axes: axis 0, as one-axis units read them
+                q_positions = q_positions[..., 0]
             m = logit_scale.temperature(q_positions, floor_scale=self.logit_opts["floor_scale"],
                                         attn_scale=self.logit_opts["attn_scale"])
             m = m[..., :, None, None]

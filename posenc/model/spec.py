@@ -92,6 +92,28 @@ class PositionSpec:
         """Every kind in use: the input kind and the per-layer kinds, in order."""
         return tuple(dict.fromkeys((self.kind, *self.layer_kinds)))
 
+    @property
+    def units(self) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+        """``(kind, options)`` of the input unit, then of each layer's."""
+        layer_options = self.layer_options or tuple(self.options[k] for k in self.layer_kinds)
+        return ((self.kind, self.options[self.kind]), *zip(self.layer_kinds, layer_options))
+
+    @property
+    def unit_axes(self) -> tuple[int, ...]:
+        """The position axes each unit of :attr:`units` reads (``Encoding.position_axes``; 1 for an input
+        kind that does not act at the input, which builds no input unit)."""
+        return tuple(encoding.get(k).position_axes(o) if i or encoding.get(k).acts_at_input() else 1
+                     for i, (k, o) in enumerate(self.units))
+
+    @property
+    def axes(self) -> int:
+        """The position axes of the model: 1, or the A of its multi-axis units (ValueError when they differ)."""
+        many = sorted({(a, k) for (k, _), a in zip(self.units, self.unit_axes) if a > 1})
+        if len({a for a, _ in many}) > 1:
+            raise ValueError("the position units of a model must read the same number of position axes; got "
+                             + ", ".join(f"{k!r}: {a}" for a, k in many))
+        return many[0][0] if many else 1
+
 
 @dataclasses.dataclass(frozen=True)
 class MLASpec:
@@ -220,6 +242,7 @@ def _spec(values, train_length) -> ModelSpec:
         kv = num_heads  # the explicit form's keys and values have every head
     position = _position(cfg.position, head_dim=head_dim if mla is None else mla.qk_rope_head_dim,
                          num_heads=num_heads, num_layers=num_layers, train_length=train_length)
+    position.axes  # noqa: B018  (every multi-axis unit reads the same number of axes)
     norm = _norm(cfg.norm)
     if mla is not None:
         _check_mla(cfg, position, norm, rope_dim=mla.qk_rope_head_dim)

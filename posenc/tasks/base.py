@@ -33,6 +33,12 @@ training and evaluation steps feed them to the model as its positions. Its
 between the splits (a random offset at training only) sets
 ``split_aware = True`` and takes ``train`` (a Python bool) in ``_example``.
 
+Multi-axis positions: a task with ``position_axes = A`` (the grid tasks) returns
+``axis_positions`` int32 [B, length, A] (its ``_example``'s third array [width, A]):
+ids on A axes built like Qwen2-VL's ``get_rope_index`` (``posenc.mrope.position_ids``).
+Training feeds them to a model whose units read several axes
+(``Encoding.position_axes``); one-axis models read 0 .. L-1.
+
 Size laws: ``seq_len(n)`` is the most tokens a size-``n`` example takes
 (BOS to its last answer token; an example may be shorter, padded with PAD).
 By default it is linear, ``per_size * n + overhead``; a task may override
@@ -92,6 +98,7 @@ class Task(Registered):
     size_cap: int | None = None
     split_aware: bool = False  # _example takes train= (the module docstring)
     position_levels: int = 0  # levels of the coupled position_ids it emits (0: none)
+    position_axes: int = 0  # axes of the multi-axis axis_positions it emits (0: none; grid tasks: 3)
     digit_tokens: tuple[int, ...] = ()  # ids of the digits 0-9 (arithmetic tasks; read by Abacus)
 
     def __init__(self, *, seed: int = 0):
@@ -208,8 +215,8 @@ class Task(Registered):
             "targets": seq[:, 1:],
             "mask": answer[:, 1:].astype(jnp.float32),
         }
-        if ids:  # coupled positions: the id of each input token
-            out["position_ids"] = ids[0][:, :-1].astype(jnp.int32)
+        if ids:  # coupled positions (or multi-axis ids [B, length, A]): the id of each input token
+            out["axis_positions" if self.position_axes else "position_ids"] = ids[0][:, :-1].astype(jnp.int32)
         return out
 
     def _bounds(self, max_n: int) -> list[int]:
@@ -233,6 +240,7 @@ class Task(Registered):
             "seed": self.seed,
             "size_law": f"seq_len(n) = {self.law}",
             "position_levels": self.position_levels,
+            "position_axes": self.position_axes,
             "digit_tokens": list(self.digit_tokens),
             "smallest": self.smallest,
             "size_cap": self.size_cap,

@@ -94,9 +94,10 @@ def _argmax(logits):
 
 
 def _slice(positions, start, size):
+    """Tokens ``start .. start + size - 1`` of positions [L], [B, L] or [B, L, A] (several axes)."""
     if positions is None:
         return None
-    return jax.lax.dynamic_slice_in_dim(positions, start, size, axis=positions.ndim - 1)
+    return jax.lax.dynamic_slice_in_dim(positions, start, size, axis=1 if positions.ndim == 3 else positions.ndim - 1)
 
 
 def _greedy(graphdef, state, prompts, positions, *, answer_length):
@@ -197,7 +198,13 @@ def _row_axes(cache, per_row: bool) -> dict:
 
 
 def _per_row(positions) -> bool:
-    return positions is not None and positions.ndim == 2
+    """Positions per example: [N, L], or multi-axis [N, L, A] (never shared: see _make_set)."""
+    return positions is not None and positions.ndim >= 2
+
+
+def _one_row(positions):
+    """One row's positions as the one-row model takes them: [T], or [1, T, A] for multi-axis ids [T, A]."""
+    return positions[None] if positions.ndim == 2 else positions
 
 
 def _prefill(graphdef, states, cache, fed, positions, start, *, piece):
@@ -208,7 +215,7 @@ def _prefill(graphdef, states, cache, fed, positions, start, *, piece):
 
     def one(tokens, cache, pos):
         x = jax.lax.dynamic_slice_in_dim(tokens, start, piece)[None]
-        p = None if pos is None else jax.lax.dynamic_slice_in_dim(pos, start, piece)
+        p = None if pos is None else _one_row(jax.lax.dynamic_slice_in_dim(pos, start, piece))
         return model.decode(x, cache, p)[1]
 
     return jax.vmap(one, in_axes=(0, axes, 0 if per_row else None), out_axes=axes)(fed, cache, positions)
@@ -224,7 +231,7 @@ def _segment(graphdef, states, cache, token, out, fed, prevmask, positions, star
     axes = _row_axes(cache, per_row)
 
     def one(tok, cache, pos, t):
-        p = None if pos is None else jax.lax.dynamic_slice_in_dim(pos, t, 1)
+        p = None if pos is None else _one_row(jax.lax.dynamic_slice_in_dim(pos, t, 1))
         logits, cache = model.decode(tok[None, None], cache, p)
         return jnp.argmax(logits[0, -1]).astype(jnp.int32), cache
 
@@ -256,7 +263,7 @@ class _Set:
     prevmask: np.ndarray  # bool: the input at t is an answer token (mask[:, t - 1])
     targets: np.ndarray
     mask: np.ndarray  # bool
-    positions: np.ndarray | None  # None, [L] (shared) or [N, L]
+    positions: np.ndarray | None  # None, [L] (shared), [N, L] or [N, L, A] (multi-axis ids)
     batches: list  # (lo, hi, positions of the batch as drawn)
     span: tuple | None
     fed_is_inputs: bool  # the inputs are what decoding reads while right (answer inputs = targets)
@@ -281,12 +288,22 @@ def _make_set(parts) -> _Set:
     positions = None
     if any(p is not None for *_, p in batches):
         length = fed.shape[1]
-        positions = np.concatenate([np.broadcast_to(np.arange(length, dtype=np.int32) if p is None else p,
-                                                    (hi - lo, length)) for lo, hi, p in batches])
-        if (positions == positions[:1]).all():
+        axes = next((p.shape[2:] for *_, p in batches if p is not None and p.ndim == 3), ())
+        positions = np.concatenate([_rows(p, hi - lo, length, axes) for lo, hi, p in batches])
+        if positions.ndim == 2 and (positions == positions[:1]).all():
             positions = positions[0]  # shared by every row: rotated once per step
     return _Set(fed, np.concatenate(prevs), np.concatenate(targets), mask, positions, batches,
                 answer_span(mask), same)
+
+
+def _rows(positions, n: int, length: int, axes: tuple) -> np.ndarray:
+    """A batch's positions as ``n`` rows [n, length] (+ ``axes``: one-axis positions then the same on
+    every axis); None: 0 .. length - 1."""
+    if positions is None:
+        positions = np.arange(length, dtype=np.int32)
+    if axes and positions.ndim < 3:
+        positions = positions[..., None]
+    return np.broadcast_to(positions, (n, length) + axes)
 
 
 class _Pace:
@@ -327,7 +344,7 @@ def _capacity(slots: int, end: int) -> int:
     return min(size, end)
 
 
-def _grow(cache, out, *, size):
+def _grow(cache, out, *, size, per_row):
     """``cache`` (one-row caches, :func:`_row_axes`) and ``out`` [R, S] with room for ``size`` tokens."""
 
     def pad(x, axis):
@@ -337,7 +354,7 @@ def _grow(cache, out, *, size):
 
     return dict(cache, k=tuple(pad(x, 2) for x in cache["k"]), v=tuple(pad(x, 2) for x in cache["v"]),
                 features=tuple({n: pad(f, 2) for n, f in layer.items()} for layer in cache["features"]),
-                positions=pad(cache["positions"], cache["positions"].ndim - 1)), pad(out, 1)
+                positions=pad(cache["positions"], 2 if per_row else 1)), pad(out, 1)
 
 
 def _piece(block: int, rows: int, max_tokens: int) -> int:
@@ -402,7 +419,7 @@ def _groups(first: np.ndarray, data: _Set, *, group: int, block: int, max_tokens
 def _decode_group(graphdef, states, g: _Group, data: _Set, pace: _Pace, info: dict, progress) -> np.ndarray:
     """Step 3 (module docstring): the predictions [rows, stop - start] of the group's rows."""
     end = data.span[1]
-    per_row = data.positions is not None and data.positions.ndim == 2
+    per_row = _per_row(data.positions)
     rows = np.concatenate([g.rows, np.full(g.size - len(g.rows), g.rows[-1])])
 
     def inputs(slots):  # what a program over ``slots`` cache slots reads (shapes of that size only)
@@ -431,7 +448,7 @@ def _decode_group(graphdef, states, g: _Group, data: _Set, pace: _Pace, info: di
     while t < g.stop:
         if t == slots:
             slots = _capacity(t + 1, end)
-            cache, out = _jitted(_grow, ("size",))(cache, out, size=slots)
+            cache, out = _jitted(_grow, ("size", "per_row"))(cache, out, size=slots, per_row=per_row)
             fed, prevmask, positions = inputs(slots)
         sizes += [slots] if slots not in sizes else []
         shape = (g.size, slots)

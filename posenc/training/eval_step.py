@@ -69,7 +69,7 @@ def _eval_parts(p: specs.LengthProgram, mesh):
                 return jax.lax.dynamic_slice_in_dim(x, chunk * rows, rows, axis=0)
 
             batch = jax.tree.map(take, batch)
-            if positions is not None and positions.ndim == 2:
+            if positions is not None and positions.ndim >= 2:  # per example: [B, L] or [B, L, A]
                 positions = take(positions)
         if mesh is not None:
             batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)

@@ -76,21 +76,37 @@ class Positions:
 
     ``pose_length`` > 0 (training batches only, ``train.pose_length``): each example's
     positions skip forward once, so that relative distances up to ``pose_length`` - 1 occur
-    (:mod:`posenc.encodings.pose`, Zhu et al. 2024).
+    (:mod:`posenc.encodings.pose`, Zhu et al. 2024). ``axes`` > 1: the model's units read
+    that many position axes (``Encoding.position_axes``: M-RoPE, 2D RoPE), so a task's
+    multi-axis ids (``axis_positions``, the grid tasks) are its positions.
     """
 
     randomized: bool = False
     max_position: int = 0
     per: str = "batch"  # one draw per batch, or per example
     pose_length: int = 0
+    axes: int = 1
 
     @classmethod
     def from_config(cls, config) -> Positions:
-        """From a validated config's ``model.position`` section."""
+        """From a validated config's ``model.position`` section (and the axes its units read)."""
         pos = config.model.position
+        axes = _position_axes(config)
         if not pos.randomized:
-            return cls()
-        return cls(True, int(pos.randomized_max_position), str(pos.get("randomized_per", "batch")))
+            return cls(axes=axes)
+        return cls(True, int(pos.randomized_max_position), str(pos.get("randomized_per", "batch")), axes=axes)
+
+
+def _position_axes(config) -> int:
+    """The position axes the model of ``config`` reads (1 unless a unit reads several)."""
+    from posenc.model import ENCODINGS, ModelSpec
+    from posenc.model.encoding import overrides
+
+    pos = config.model.position
+    kinds = {pos.kind, *(pos.get("layer_kinds") or ()), *(r.get("kind") for r in (pos.get("layers") or ()))}
+    if not any(k in ENCODINGS and overrides(ENCODINGS[k], "position_axes") for k in kinds if k):
+        return 1  # the common case, without resolving the model's spec
+    return ModelSpec.from_values(config.model, train_length=int(config.task.train_length)).position.axes
 
 
 @dataclasses.dataclass(frozen=True)

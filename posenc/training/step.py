@@ -103,16 +103,20 @@ def positions_for(positions: specs.Positions, key, batch_size: int, length: int)
 def _batch(task, positions: specs.Positions, key, batch_size, length, *, split, min_size=None):
     """The batch and positions of ``key`` (one split of the key: data, then positions).
 
-    A task that emits ``position_ids`` (position coupling) gives the positions itself.
+    A task that emits ``position_ids`` (position coupling) gives the positions itself; one that
+    emits multi-axis ``axis_positions`` [B, L, A] (the grid tasks) gives them to a model reading
+    several axes (``positions.axes`` > 1), while one-axis models read their usual positions.
     """
     data_key, pos_key = jax.random.split(key)
     batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
-    if "position_ids" in batch:
+    given = "position_ids" if "position_ids" in batch else None
+    if positions.axes > 1 and "axis_positions" in batch:
+        given = "axis_positions"
+    if given:
         if positions.randomized or positions.pose_length:
             field = "model.position.randomized=True" if positions.randomized else "train.pose_length > 0"
-            raise ValueError(f"{field}, but the task gives its own positions (position_ids: position "
-                             "coupling); use one or the other")
-        return batch, batch["position_ids"]
+            raise ValueError(f"{field}, but the task gives its own positions ({given}); use one or the other")
+        return batch, batch[given]
     return batch, positions_for(positions, pos_key, batch_size, length)
 
 
