@@ -22,7 +22,8 @@ from flax import nnx
 from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
 from posenc.model import streams
-from posenc.model.layers import Block, Norm
+from posenc.model.block import Block
+from posenc.model.layers import Norm
 from posenc.model.spec import ModelSpec
 from posenc.norms import diagnostics, hyper_connections, multipliers, ngpt, norms, placements
 
