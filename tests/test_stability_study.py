@@ -64,7 +64,7 @@ def test_configs_validate():
 
 
 METHOD_FIELDS = {  # variant -> (resolved field, value): each method's one switch
-    "qk_clip": ("train.qk_clip", 100.0), "derf": ("model.norm.kind", "derf"),
+    "qk_clip": ("train.qk_clip", 100.0), "derf": ("model.norm.kind", "derf"), "dyt": ("model.norm.kind", "dyt"),
     "v_norm": ("model.norm.v_norm", True), "hybrid_norm": ("model.norm.placement", "hybrid"),
     "hybrid_norm_star": ("model.norm.placement", "hybrid_star"), "lns": ("model.norm.placement", "lns"),
     "gated_attention": ("model.attention_gate", "elementwise"),
@@ -270,3 +270,6 @@ def test_report_pairs_each_variant_with_the_baseline_by_seed():
     # baseline sensitivities (1 + 0.1 s) / 2 = 0.50, 0.55, 0.60; qk_norm 0.25; paired -0.25 - 0.05 s
     assert "| baseline | 0.550 [0.426, 0.674] {0.50-0.60} |" in text
     assert "| qk_norm | -0.300 [-0.424, -0.176] * |" in text
+    # final loss per learning rate, paired: qk_norm - baseline = -0.5 - 0.1 s at 1e-3 (t-interval of
+    # -0.5, -0.6, -0.7: -0.6 +- 4.303 * 0.1 / sqrt(3)), 0 at 1e-2
+    assert "| qk_norm | -0.600 [-0.848, -0.352] * | +0.000 [+0.000, +0.000] |" in text

@@ -294,7 +294,10 @@ FRONTIER_POSITIONS = ("rope", "nope", "alibi", "pope", "hard_alibi", *FRONTIER_V
 # Hard-ALiBi nearer its paper's heads: half of the heads windowed as the official 8 of 16, here 4 of 8
 # (windows of 1 to 4 keys; with 4 heads, 1 and 2), on the same width (head_dim 8). Not in the grid by
 # default: --config.grid.positions='("hard_alibi_h8", "hard_alibi", "rope")'
-FRONTIER_EXTRA = {"hard_alibi_h8": {"model.position.kind": "hard_alibi", "model.num_heads": 8}}
+FRONTIER_EXTRA = {"hard_alibi_h8": {"model.position.kind": "hard_alibi", "model.num_heads": 8},
+                  # the official head count, 8 windowed of 16 (windows of 1-8 keys), head_dim 8 as h8's
+                  "hard_alibi_h16": {"model.position.kind": "hard_alibi", "model.num_heads": 16,
+                                     "model.d_model": 128}}
 FRONTIER_SIZES = (8, 16, 32)  # copy trained on strings of up to 8 symbols, scored at exactly 8, 2x, 4x
 
 

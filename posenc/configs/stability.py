@@ -40,8 +40,10 @@ models) and the claim each tests:
                    50 tanh(z / 50) (Gemma 2)
     qk_clip        train.qk_clip 100 (Kimi K2 report): the max attention logit stays bounded
                    (max_attention_logit_max <= ~100) without a worse final loss
-    derf           model.norm.kind derf in place of LayerNorm (Chen et al. 2025): matches or
-                   beats the norm it replaces (final loss, LR sensitivity)
+    derf, dyt      model.norm.kind derf / dyt in place of LayerNorm, with the official GPT-2
+                   recipe (alpha 1, embeddings times sqrt(d_model)) (Chen et al. 2025; Zhu et
+                   al. 2025): matches (DyT) or beats (Derf) the norm it replaces (final loss,
+                   LR sensitivity)
     v_norm         model.norm.v_norm (Gemma 4 value norm): value heads RMS-normalised
     hybrid_norm, hybrid_norm_star   placement hybrid / hybrid_star (HybridNorm, Zhuo et al.
                    2025): trains more stably than pre-norm (lower LR sensitivity, fewer
@@ -98,7 +100,12 @@ VARIANTS = {
     "deepnorm": {"model.norm.placement": "deepnorm"},
     "softcap": {"model.norm.attn_softcap": 50.0},
     "qk_clip": {"train.qk_clip": QK_CLIP},
-    "derf": {"model.norm.kind": "derf"},
+    # the official GPT-2 recipe of DyT / Derf (zlab-princeton/Derf, language model/model_derf.patch):
+    # alpha 1 at every norm, the embeddings times sqrt(d_model) (there a learned scalar starting at
+    # sqrt(d_model); here fixed). Without the scale, Derf stalled at 3.43 nats per byte for every
+    # learning rate >= 3e-3 (commit 7a87a1b, docs/results.md)
+    "derf": {"model.norm.kind": "derf", "model.norm.derf_alpha": 1.0, "model.norm.embed_scale": True},
+    "dyt": {"model.norm.kind": "dyt", "model.norm.dyt_alpha": 1.0, "model.norm.embed_scale": True},
     "v_norm": {"model.norm.v_norm": True},
     "hybrid_norm": {"model.norm.placement": "hybrid"},
     "hybrid_norm_star": {"model.norm.placement": "hybrid_star"},
@@ -112,7 +119,7 @@ VARIANTS = {
 }
 
 # The variants added with the norm and logit-control methods (the ``methods_smoke`` arg trains each).
-METHODS = ("qk_clip", "derf", "v_norm", "hybrid_norm", "hybrid_norm_star", "lns", "gated_attention",
+METHODS = ("qk_clip", "derf", "dyt", "v_norm", "hybrid_norm", "hybrid_norm_star", "lns", "gated_attention",
            "gated_attention_headwise", "sinks", "minicpm_multipliers", "hyper_connections", "mhc")
 
 # The depth sweep: pre-norm against the placements whose claims are about depth.

@@ -6,7 +6,10 @@ min(final loss, initial loss) minus the best final loss, a diverged run
 counting as the initial loss; then the mean over seeds with its 95% t-interval
 and min-max (``tables.number``), and each variant's paired difference from the
 baseline over the seeds both have (``stats.paired``): "X is less sensitive than
-the baseline" needs that interval below zero.
+the baseline" needs that interval below zero. Per size, the final loss and the
+largest attention logit of each variant minus the baseline's at every
+learning rate, paired by seed the same way (QK-Clip's claim: a bounded logit
+at no worse loss).
 """
 
 from __future__ import annotations
@@ -102,7 +105,36 @@ def table_markdown(rows: list[dict]) -> str:
                 cells.append(_final(rs) + (f" (logit {max(logit):.0f})" if logit else "") if rs else "")
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
         lines.append("")
+        if "baseline" in variants and len(variants) > 1 and len(seeds) > 1:
+            lines += _paired_per_rate(mine, variants, lrs, s)
     return "\n".join(lines)
+
+
+def _paired_per_rate(rows, variants, lrs, size) -> list[str]:
+    """Per variant and learning rate, its final loss and largest attention logit minus the baseline's,
+    paired by seed (a diverged run leaves its seed out of the loss)."""
+    def by_seed(v, lr, key):
+        return {r["seed"]: r[key] for r in rows
+                if r["variant"] == v and r["learning_rate"] == lr and r[key] is not None}
+
+    def cell(v, lr, key, digits):
+        d = stats.paired(by_seed(v, lr, key), by_seed("baseline", lr, key))
+        if d is None:
+            return ""
+        text = f"{d.mean:+.{digits}f}" if d.half is None else (
+            f"{d.mean:+.{digits}f} [{d.mean - d.half:+.{digits}f}, {d.mean + d.half:+.{digits}f}]")
+        return text + (" *" if stats.excludes_zero(d) else "")
+
+    head = ["| variant | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---" * (len(lrs) + 1) + "|"]
+    lines = [f"Final loss minus the baseline's ({size}), paired by seed: mean [95% t-interval]; * = the "
+             "interval excludes zero (negative: lower loss than the baseline).", "", *head]
+    lines += [f"| {v} | " + " | ".join(cell(v, lr, "loss", 3) for lr in lrs) + " |"
+              for v in variants if v != "baseline"]
+    lines += ["", f"The largest attention logit of training minus the baseline's ({size}), paired by seed.",
+              "", *head]
+    lines += [f"| {v} | " + " | ".join(cell(v, lr, "max_attention_logit_max", 0) for lr in lrs) + " |"
+              for v in variants if v != "baseline"]
+    return lines + [""]
 
 
 def _outcome(r) -> float:
