@@ -273,3 +273,6 @@ def test_report_pairs_each_variant_with_the_baseline_by_seed():
     # final loss per learning rate, paired: qk_norm - baseline = -0.5 - 0.1 s at 1e-3 (t-interval of
     # -0.5, -0.6, -0.7: -0.6 +- 4.303 * 0.1 / sqrt(3)), 0 at 1e-2
     assert "| qk_norm | -0.600 [-0.848, -0.352] * | +0.000 [+0.000, +0.000] |" in text
+    logits = [dict(r, max_attention_logit_max=(1000.0 if r["variant"] == "baseline" else 10.0) * (1 + r["seed"]))
+              for r in rows]
+    assert "| qk_norm | -2.00 [-2.00, -2.00] * | -2.00 [-2.00, -2.00] * |" in stability_report.table_markdown(logits)

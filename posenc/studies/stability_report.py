@@ -8,8 +8,8 @@ and min-max (``tables.number``), and each variant's paired difference from the
 baseline over the seeds both have (``stats.paired``): "X is less sensitive than
 the baseline" needs that interval below zero. Per size, the final loss and the
 largest attention logit of each variant minus the baseline's at every
-learning rate, paired by seed the same way (QK-Clip's claim: a bounded logit
-at no worse loss).
+learning rate, paired by seed the same way, the logit as its log10 (QK-Clip's
+claim: a bounded logit at no worse loss).
 """
 
 from __future__ import annotations
@@ -111,11 +111,12 @@ def table_markdown(rows: list[dict]) -> str:
 
 
 def _paired_per_rate(rows, variants, lrs, size) -> list[str]:
-    """Per variant and learning rate, its final loss and largest attention logit minus the baseline's,
-    paired by seed (a diverged run leaves its seed out of the loss)."""
+    """Per variant and learning rate, its final loss and the log10 of its largest attention logit minus
+    the baseline's, paired by seed (a diverged run leaves its seed out of the loss)."""
     def by_seed(v, lr, key):
-        return {r["seed"]: r[key] for r in rows
-                if r["variant"] == v and r["learning_rate"] == lr and r[key] is not None}
+        value = (lambda x: float(np.log10(x))) if key == "max_attention_logit_max" else float
+        return {r["seed"]: value(r[key]) for r in rows
+                if r["variant"] == v and r["learning_rate"] == lr and r[key] is not None and r[key] > 0}
 
     def cell(v, lr, key, digits):
         d = stats.paired(by_seed(v, lr, key), by_seed("baseline", lr, key))
@@ -130,9 +131,9 @@ def _paired_per_rate(rows, variants, lrs, size) -> list[str]:
              "interval excludes zero (negative: lower loss than the baseline).", "", *head]
     lines += [f"| {v} | " + " | ".join(cell(v, lr, "loss", 3) for lr in lrs) + " |"
               for v in variants if v != "baseline"]
-    lines += ["", f"The largest attention logit of training minus the baseline's ({size}), paired by seed.",
-              "", *head]
-    lines += [f"| {v} | " + " | ".join(cell(v, lr, "max_attention_logit_max", 0) for lr in lrs) + " |"
+    lines += ["", f"log10 of the largest attention logit of training minus the baseline's ({size}), paired "
+              "by seed (-1: ten times smaller).", "", *head]
+    lines += [f"| {v} | " + " | ".join(cell(v, lr, "max_attention_logit_max", 2) for lr in lrs) + " |"
               for v in variants if v != "baseline"]
     return lines + [""]
 
