@@ -65,6 +65,7 @@ def test_configs_validate():
 
 METHOD_FIELDS = {  # variant -> (resolved field, value): each method's one switch
     "qk_clip": ("train.qk_clip", 100.0), "derf": ("model.norm.kind", "derf"), "dyt": ("model.norm.kind", "dyt"),
+    "ngpt": ("model.norm.placement", "ngpt"),
     "v_norm": ("model.norm.v_norm", True), "hybrid_norm": ("model.norm.placement", "hybrid"),
     "hybrid_norm_star": ("model.norm.placement", "hybrid_star"), "lns": ("model.norm.placement", "lns"),
     "gated_attention": ("model.attention_gate", "elementwise"),
