@@ -301,6 +301,30 @@ def test_accelerator_auto_model_matches_the_xla_path_in_bf16():
 
 
 @accelerator
+@pytest.mark.parametrize("kinds,fields", [
+    (("rope", "alibi"), {"attention_sinks": "learned"}),  # gpt-oss sinks in the kernel's normalizer
+    (("rope", "alibi"), {"attention_sinks": "zero"}),
+    (("pope", "pope"), {}),  # q, k wider than v (PoPE's polar features)
+    (("rope", "t5"), {"attention_gate": "elementwise"}),  # the output gate after the kernel
+])
+def test_accelerator_kernel_with_the_2025_attention_forms_matches_the_xla_path(kinds, fields):
+    """The compiled kernel with learned / zero sinks, PoPE's narrower values and the output gate
+    against the XLA dense path, same bf16 model, length 256: logits within bf16 accuracy."""
+    tokens = jax.random.randint(jax.random.key(1), (2, 256), 0, 64)
+    logits = {}
+    for impl in ("dense", "auto"):
+        model = _perturbed(_model(impl, kinds, dtype="bfloat16", d_model=128, vocab_size=64, train_length=256,
+                                  **fields), scale=0.02)
+        graphdef, state = nnx.split(model)
+        fwd = jax.jit(lambda s, t, g=graphdef: nnx.merge(g, s)(t))
+        if impl == "auto":
+            assert "posenc_flash_fwd" in fwd.lower(state, tokens).as_text()
+        logits[impl] = fwd(state, tokens)
+    scale = float(jnp.abs(logits["dense"]).max())
+    assert float(jnp.abs(logits["auto"] - logits["dense"]).max()) < 0.03 * scale
+
+
+@accelerator
 def test_accelerator_dtype_auto_resolves_to_bfloat16():
     spec = ModelSpec.from_config(_cfg("auto", ("rope", "rope"), dtype="auto"), train_length=16)
     assert spec.dtype == "bfloat16"
