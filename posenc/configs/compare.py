@@ -83,7 +83,9 @@ Args:
               grid's model and fit (0.99, at most 4000 steps), strings of up to 8
               symbols, decoded at exactly 8, 16 and 32 symbols, 3 seeds trained
               together; findings.md: the target check at 2x (a new arm >= 0.9
-              decoded exact match where rope and nope stay < 0.2).
+              decoded exact match where rope and nope stay < 0.2). Declared, run
+              on demand (grid.positions): hard_alibi_h8 (4 of 8 heads windowed)
+              and hard_alibi_h16 (8 of 16, d_model 128, the official head count).
     frontier_lm_quick  the same arms in lm_quick's byte-level LM (L = 64, 750 steps),
               perplexity at 64-1024, 3 seeds.
     arithmetic_cho  Cho et al. 2024's sizes: 1-30 digits, evaluated at 30-200.
