@@ -427,6 +427,24 @@ def overrides(cls, method: str) -> bool:
     return getattr(cls, method) is not getattr(Encoding, method)
 
 
+class Rotation(Encoding):
+    """A unit that transforms queries and keys alike, each by its own positions (:meth:`rotated`), so
+    that keys are cached transformed (``static_key``): the multi-axis RoPE units."""
+
+    def rotated(self, x, positions):
+        """x [B, L, H, Dh] at ``positions`` -> transformed x."""
+        raise NotImplementedError
+
+    def query(self, q, positions, *, seq_len):
+        return self.rotated(q, positions)
+
+    def key(self, k, positions, *, seq_len):
+        return self.rotated(k, positions)
+
+    def static_key(self):
+        return True
+
+
 class NoKernelFormWarning(UserWarning):
     """A unit's bias has no in-kernel form: on GPU / TPU its attention runs the XLA path."""
 

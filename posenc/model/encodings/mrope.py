@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from posenc import checks
 from posenc.checks import boolean, one_of, positive
 from posenc.encodings.rope import mrope, rope
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Rotation, register_encoding
 from posenc.model.options import Option
 
 
@@ -16,7 +16,7 @@ def _sections(name, value):
 
 
 @register_encoding("mrope")
-class MRoPE(Encoding):
+class MRoPE(Rotation):
     """RoPE whose frequency j turns with the position on axis(j) (``posenc.mrope.apply``).
 
     Positions [B | 1, L, A] (A = len(sections); 3 by default: Qwen2-VL's (t, h, w)),
@@ -68,16 +68,7 @@ class MRoPE(Encoding):
         self.axis_sections = self.sections_for({"sections": self.sections, "interleaved": self.interleaved},
                                                head_dim=self.head_dim)
 
-    def _rotate(self, x, positions):
+    def rotated(self, x, positions):
         inv_freq, _ = rope.frequencies("default", self.head_dim, base=self.base)
         return mrope.apply(x, jnp.moveaxis(positions, -1, 0), inv_freq, sections=self.axis_sections,
                            interleaved=self.interleaved, layout=self.layout, angles=self.angles)
-
-    def query(self, q, positions, *, seq_len):
-        return self._rotate(q, positions)
-
-    def key(self, k, positions, *, seq_len):
-        return self._rotate(k, positions)
-
-    def static_key(self):
-        return True

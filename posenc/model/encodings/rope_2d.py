@@ -5,7 +5,7 @@ from flax import nnx
 
 from posenc.checks import boolean, one_of, optional, positive
 from posenc.encodings.rope import mrope, rope
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Rotation, register_encoding
 from posenc.model.options import Option
 
 VARIANTS = ("axial", "mixed")
@@ -13,7 +13,7 @@ BASES = {"axial": 100.0, "mixed": 10.0}  # rope-vit's rope_theta of each variant
 
 
 @register_encoding("rope_2d")
-class RoPE2D(Encoding):
+class RoPE2D(Rotation):
     """Queries and keys rotated by a position on two axes (row, col): positions [B | 1, L, 2].
 
     axial: half the frequencies turn with the row, half with the column
@@ -57,7 +57,7 @@ class RoPE2D(Encoding):
             self.freqs = nnx.Param(mrope.mixed_frequencies(rngs.params(), self.head_dim, self.num_kv_heads,
                                                            base=self.freq_base, rotate=self.rotate))
 
-    def _rotate(self, x, positions):
+    def rotated(self, x, positions):
         positions = jnp.moveaxis(positions, -1, 0)  # [2, B | 1, L]: (row, col)
         if self.variant == "axial":
             d = self.head_dim
@@ -67,12 +67,3 @@ class RoPE2D(Encoding):
         if x.shape[-2] != freqs.shape[1]:  # queries: each head reads its key head's frequencies
             freqs = jnp.repeat(freqs, x.shape[-2] // freqs.shape[1], axis=1)
         return mrope.apply_mixed(x, positions, freqs, layout=self.layout, angles=self.angles)
-
-    def query(self, q, positions, *, seq_len):
-        return self._rotate(q, positions)
-
-    def key(self, k, positions, *, seq_len):
-        return self._rotate(k, positions)
-
-    def static_key(self):
-        return True
