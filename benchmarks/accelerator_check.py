@@ -82,7 +82,7 @@ DRY_EVAL_LENGTHS = (64,)
 STAGES = ("install", "environment", "tests", "train", "addition", "train_more", "eval", "attention_op")
 TRAIN_FIRST = 2  # train: the first positions (rope, alibi: the speed targets); train_more: the others
 BUDGET_S = 570.0  # the stages' time on the device: 9.5 minutes of a 10-minute command
-ADDITION = "compare:arithmetic_cho_small"  # a packaged config (posenc/configs/compare.py)
+ADDITION = "compare:arithmetic_cho_small"  # a packaged config (configs/compare.py)
 ADDITION_STEPS = 4000  # of Cho et al.'s 50,000: what a 10-minute check affords after train (--plan)
 DRY_ADDITION = {"base.model.d_model": 32, "base.model.num_heads": 2, "base.train.batch_size": 8,
                 "base.eval.batch_size": 8, "base.eval.num_batches": 1, "base.train.log_every": 2,

@@ -310,7 +310,7 @@ def _eval_in_child(position: str, length: int) -> dict:
     argv = [sys.executable, "-m", "benchmarks.benchmark", f"--config={_config_arg()}",
             f"--eval_child={position}:{length}"]
     argv += [a for a in sys.argv[1:] if a.startswith("--config.")]  # the same overrides
-    from posenc.cli import runtime
+    from posenc.experiments import runtime
 
     plugins = runtime.plugin_names(sys.argv)
     if plugins:
@@ -397,7 +397,7 @@ def main(argv):
 
 if __name__ == "__main__":
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    from posenc.cli import runtime
+    from posenc.experiments import runtime
 
     define_flags()
     runtime.main(main)

@@ -1,4 +1,4 @@
-"""``python -m posenc <command> [flags]``: run the command module ``posenc.cli.<command>``.
+"""``python -m posenc <command> [flags]``: run the command module ``posenc.experiments.<command>``.
 
     python -m posenc train --config default:tiny --workdir /tmp/run
     python -m posenc compare --config compare:quick --workdir /tmp/compare
@@ -6,9 +6,10 @@
     python -m posenc --help              # the commands
 
 The installed console script ``posenc`` is the same (``posenc train ...``).
-The commands are the modules of posenc.cli that define ``define_flags`` and
-``main``; each runs as ``python -m posenc.cli.<command>`` would, as the
-program's main module (its docstring is its ``--help``). No command, or an
+The commands are the modules of posenc.experiments (the repository's root
+folder experiments/, installed into the package) that define ``define_flags``
+and ``main``; each runs as ``python -m experiments.<command>`` would in a
+checkout, as the program's main module (its docstring is its ``--help``). No command, or an
 unknown one, prints one line naming the commands and exits with status 2.
 """
 
@@ -19,12 +20,13 @@ import pkgutil
 import runpy
 import sys
 
-PACKAGE = "posenc.cli"
+PACKAGE = "posenc.experiments"
 USAGE = "usage: python -m posenc <command> [flags] (or: posenc <command> [flags])"
 
 
 def _command_module(name: str):
-    """The module ``posenc.cli.<name>`` if it is a command (defines ``define_flags`` and ``main``), else None."""
+    """The module ``posenc.experiments.<name>`` if it is a command (defines ``define_flags`` and ``main``),
+    else None."""
     if not name.isidentifier() or name.startswith("_"):
         return None
     try:
@@ -38,7 +40,7 @@ def _command_module(name: str):
 
 
 def commands() -> dict[str, str]:
-    """Every command's name -> the first line of its module docstring, found in posenc.cli."""
+    """Every command's name -> the first line of its module docstring, found in posenc.experiments."""
     package = importlib.import_module(PACKAGE)
     found = {}
     for info in pkgutil.iter_modules(package.__path__):
@@ -59,7 +61,7 @@ def _help() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run ``argv[1]`` (default ``sys.argv``) as ``python -m posenc.cli.<command>`` with the other arguments."""
+    """Run ``argv[1]`` (default ``sys.argv``) as ``python -m posenc.experiments.<command>`` with the other arguments."""
     argv = list(sys.argv if argv is None else argv)
     name = argv[1] if len(argv) > 1 else ""
     if name in ("-h", "--help", "-help", "help"):

@@ -18,9 +18,9 @@ settings.load_profile("posenc")
 
 import plugin_encodings  # noqa: E402,F401  (registers the test plugin encoding)
 
-# The persistent compilation cache of the commands (posenc.cli.default_cache_dir): a second
+# The persistent compilation cache of the commands (posenc.training.compile_cache): a second
 # test run loads the train and evaluation programs instead of compiling them.
 # POSENC_JAX_CACHE_DIR= (empty) turns it off.
-from posenc.cli import default_cache_dir, enable_compilation_cache  # noqa: E402
+from posenc.training.compile_cache import default_cache_dir, enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache(default_cache_dir())

@@ -236,9 +236,9 @@ def test_the_commands_and_packaged_configs_work_from_any_directory(tmp_path):
 def test_python_m_posenc_lists_its_commands_and_refuses_others_in_one_line(tmp_path):
     import pkgutil
 
-    from posenc import cli
+    from posenc import experiments
 
-    modules = sorted(m.name for m in pkgutil.iter_modules(cli.__path__) if m.name != "runtime")
+    modules = sorted(m.name for m in pkgutil.iter_modules(experiments.__path__) if m.name != "runtime")
     assert modules == ["analyze", "compare", "extend", "findings", "report", "stability", "train"]
     p = _posenc(["--help"], tmp_path)
     assert p.returncode == 0 and p.stderr == ""

@@ -1,4 +1,4 @@
-"""The default and compare configs (posenc/configs/): fields, variants, lock_config and validation errors."""
+"""The default and compare configs (configs/): fields, variants, lock_config and validation errors."""
 
 import os
 import subprocess
@@ -219,7 +219,7 @@ def test_full_grid_has_every_encoding_and_the_attention_variants():
 
 
 def test_config_by_name_or_by_path():
-    """``--config`` takes a packaged config by name (NAME[:ARG]: posenc/configs/NAME.py) or a file
+    """``--config`` takes a packaged config by name (NAME[:ARG]: configs/NAME.py) or a file
     (path/to/file.py[:ARG], and any file that exists); an unknown name is one line naming the packaged ones."""
     from posenc.config import cli
 

@@ -1,8 +1,8 @@
 """Configs from the command line: ``--config NAME[:ARG]`` or ``--config FILE[:ARG]``, and
 ``--config.<a.b>=<value>``.
 
-``--config compare:quick`` names a packaged config (``posenc/configs/compare.py``,
-imported as ``posenc.configs.compare``) and calls its ``get_config("quick")``;
+``--config compare:quick`` names a packaged config (``configs/compare.py`` at the
+repository root, installed as ``posenc.configs.compare``) and calls its ``get_config("quick")``;
 ``--config path/to/mine.py:quick`` does the same with a file of your own. A
 spec whose file part has no ``.py`` and no path separator is a packaged
 config's name; any other is a file (relative to the working directory). Every
@@ -50,11 +50,11 @@ PACKAGE = "posenc.configs"  # the packaged configs, by name (imported only when 
 
 
 def packaged_configs() -> list[str]:
-    """The names of the packaged configs (the modules of posenc/configs/), sorted."""
+    """The names of the packaged configs (the modules of posenc.configs: the root folder configs/), sorted."""
     import pkgutil
 
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-    return sorted(m.name for m in pkgutil.iter_modules([folder]) if not m.name.startswith("_"))
+    folders = importlib.import_module(PACKAGE).__path__
+    return sorted(m.name for m in pkgutil.iter_modules(folders) if not m.name.startswith("_"))
 
 
 def _is_name(part: str) -> bool:

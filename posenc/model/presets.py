@@ -2,7 +2,7 @@
 
 ``PRESETS[name]`` is a plain dict ``{"model.field": value}``, applied to a
 config with ``posenc.config.overrides.apply(config, PRESETS[name])``
-(the default config's ``:gemma3`` etc.: posenc/configs/default.py) and the starting point of
+(the default config's ``:gemma3`` etc.: configs/default.py) and the starting point of
 ``posenc.hf`` for a checkpoint of the family, which then sets the
 checkpoint's own sizes, RoPE scaling, window and the exact layer pattern.
 Each preset holds what makes the family's layers what they are (norms and
@@ -11,7 +11,7 @@ logit scale, the per-layer options of ``model.position.layers``); sizes stay
 the config's, except ``model.num_layers`` where a layer pattern needs a whole
 period (Gemma 3: 6, Llama 4 and SWAN-GPT: 4). Values are the published
 models' (the HF configs of the named checkpoint); a preset used at a small
-scale (posenc/configs/default.py) changes the window / chunk after applying it.
+scale (configs/default.py) changes the window / chunk after applying it.
 """
 
 from __future__ import annotations

@@ -208,7 +208,22 @@ def _locked_run(resolved, workdir: str, *, main, mesh, fsdp, max_steps_this_run,
                              steps_trained=last, mesh=mesh, **(row_fields or {}))
 
 
+class _LibraryInfo(py_logging.Filter):
+    """Drops records below WARNING that a library logs through absl's logger (Orbax's
+    checkpoint threads: "Cleaning up existing temporary directories")."""
+
+    LIBRARIES = ("/orbax/",)
+
+    def filter(self, record: py_logging.LogRecord) -> bool:
+        path = record.pathname.replace("\\", "/")
+        return record.levelno >= py_logging.WARNING or not any(lib in path for lib in self.LIBRARIES)
+
+
 def quiet_libraries() -> None:
-    """Silence Orbax / absl chatter below WARNING in library loggers."""
-    for name in ("orbax", "absl.orbax", "jax._src"):
+    """Silence library chatter below WARNING (Orbax, absl, JAX's backend probes, matplotlib's
+    font cache), so that a command's log holds posenc's own lines."""
+    for name in ("orbax", "absl.orbax", "jax._src", "matplotlib"):
         py_logging.getLogger(name).setLevel(py_logging.WARNING)
+    absl_logger = py_logging.getLogger("absl")
+    if not any(isinstance(f, _LibraryInfo) for f in absl_logger.filters):
+        absl_logger.addFilter(_LibraryInfo())

@@ -60,6 +60,12 @@ def _eval_tokens(name, value):
     return text.check_eval_tokens(name, value)  # "auto" or an integer >= 1
 
 
+def _decode_rows(name, value):
+    from posenc.training import decode_sample
+
+    return decode_sample.check_decode_rows(name, value)  # "all" or an integer >= 2
+
+
 def _mesh_data(name, value) -> int:
     if not checks.is_int(value) or not (value == -1 or value >= 1):
         raise ValueError(f"{name} must be -1 (all devices) or a positive integer, got {value!r}")
@@ -142,6 +148,9 @@ class Eval(Section):
                   "al.) | bin (the sizes above the previous length's, Kazemnejad et al.) | default: the task's")
     decode = Field(True, checks.boolean, "also score the answers generated greedily through the KV cache "
                                    "(decoded_accuracy, decoded_exact_match)")
+    decode_rows = Field(32, lambda n, v: _decode_rows(n, v), "failing rows decoded per length (all, or an integer "
+                        ">= 2: a seeded sample); exact match and first errors stay exact, decoded_accuracy is "
+                        "estimated without bias (decoded_accuracy_se)", type=object)
     tokens = Field("auto", lambda n, v: _eval_tokens(n, v), "text: every length scores the first eval.tokens "
                    "targets of the held-out split, a whole number of windows at every length (auto: the most "
                    "the split holds, up to 131072)", type=object)
@@ -174,7 +183,7 @@ class Run(Section):
 
 
 def run_config():
-    """The ConfigDict of a run with every default (posenc/configs/default.py starts from it)."""
+    """The ConfigDict of a run with every default (configs/default.py starts from it)."""
     return Run.config()
 
 

@@ -3,7 +3,7 @@
 Llama 4's NoPE layers also multiply their queries by a temperature: that is
 ``model.logit_scale.kind = "temperature"`` with ``model.logit_scale.layers =
 "nope"`` (one place for every length-aware scaling; the ``llama4`` preset of
-posenc/configs/default.py sets it, with chunked RoPE layers and QK-norm on them).
+configs/default.py sets it, with chunked RoPE layers and QK-norm on them).
 """
 
 from posenc.checks import positive_int

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from posenc.cli import runtime
 from posenc.workdir import records
+
+from . import runtime
 
 
 def define_flags() -> None:

@@ -1,5 +1,9 @@
 """The packaged configs: ``--config NAME[:ARG]`` of the commands (``python -m posenc <command>``).
 
+This folder sits at the repository root and installs as ``posenc.configs``
+(``pyproject.toml``); in a checkout ``--config configs/compare.py:quick`` names
+the same config by its file.
+
     default    one run: a small decoder on copy (``:ARG`` variant words: task, encoding, ...)
     compare    the comparison grids (``compare:quick``, ``:full``, ``:lm``, ...)
     extend     the context-extension studies (``extend:quick``, ``:retrieval``, ...)

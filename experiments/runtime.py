@@ -1,4 +1,4 @@
-"""Flags and start-up shared by the entry points: plugins, compile cache, multi-host, config errors."""
+"""Flags and start-up shared by the commands: plugins, compile cache, multi-host, one-line config errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 from absl import app, flags
 
-from posenc.cli import CACHE_ENV, default_cache_dir, enable_compilation_cache
+from posenc.training.compile_cache import CACHE_ENV, default_cache_dir, enable_compilation_cache
 
 _CACHE = flags.DEFINE_string("jax_cache_dir", default_cache_dir(),
                              "JAX persistent compilation cache directory ('' = off; default "
@@ -80,15 +80,14 @@ def main(fn) -> None:
     (so their encodings have config sections and names), and a bad config value or
     field, a workdir that holds another kind of thing or config, or one another process
     holds, prints one line naming it and exits 2 instead of a traceback."""
-    import logging
-
     from posenc.config import cli
     from posenc.config.schema import ConfigError
+    from posenc.training import backends, loop
     from posenc.workdir import lock
 
+    backends.cpu_only_without_accelerators()  # no libtpu start-up errors on a CPU host
+    loop.quiet_libraries()
     refusals = (ConfigError, lock.WorkdirHoldsOther, lock.WorkdirInUse)
-    for name in ("orbax", "absl.orbax", "jax._src"):  # library chatter below WARNING (backend probes)
-        logging.getLogger(name).setLevel(logging.WARNING)
     load_plugins(plugin_names(sys.argv))
     for flag in flags.FLAGS.get_flags_for_module(__name__):  # --config, --workdir, --plugins, ... in --help
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from absl import app
 
-from posenc.cli import runtime
+from . import runtime
 
 
 def define_flags() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from posenc.cli import runtime
+from . import runtime
 
 
 def define_flags() -> None:

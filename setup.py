@@ -1,0 +1,14 @@
+"""The package's layout for setuptools (the project's metadata is in pyproject.toml).
+
+posenc/ and its subpackages install as themselves; the root folders configs/
+and experiments/ (the configs and the commands, at the top level of the
+repository) install into the package as posenc.configs and posenc.experiments,
+for editable and non-editable installs alike. A new subpackage needs no entry
+here.
+"""
+
+from setuptools import find_packages, setup
+
+ROOT_FOLDERS = {"posenc.configs": "configs", "posenc.experiments": "experiments"}
+
+setup(packages=[*find_packages(include=["posenc", "posenc.*"]), *ROOT_FOLDERS], package_dir=ROOT_FOLDERS)
