@@ -71,7 +71,7 @@ def parse(argv):
 
 
 def test_a_typo_fails_on_the_command_line_in_a_config_file_and_in_code(tmp_path):
-    path = os.path.join(ROOT, "posenc", "configs", "default.py")  # a config given as a file
+    path = os.path.join(ROOT, "configs", "default.py")  # a config given as a file
     c = parse(["prog", f"--config={path}:tiny", "--config.train.steps=7"])
     assert c.train.steps == 7 and c.model.num_layers == 1
     with pytest.raises(ConfigError, match=r"^--config.train.stepz: unknown config field 'train.stepz'; "
@@ -228,7 +228,7 @@ def test_config_by_name_or_by_path():
     assert cli.load("default:tiny").to_dict() == default.get_config("tiny").to_dict()
     assert cli.load("default:text,alibi").to_dict() == default.get_config("text,alibi").to_dict()
     assert cli.load("compare:smoke").to_dict() == compare.get_config("smoke").to_dict()
-    path = os.path.join(ROOT, "posenc", "configs", "default.py")
+    path = os.path.join(ROOT, "configs", "default.py")
     assert cli.load(f"{path}:tiny").to_dict() == default.get_config("tiny").to_dict()
     assert cli._split_spec("compare:quick") == ("compare", "quick")
     assert cli._split_spec("default") == ("default", None)

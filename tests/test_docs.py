@@ -131,15 +131,21 @@ def test_a_misspelled_argument_or_field_is_one_line(tmp_path):
 
 def _commands():
     """Every ``python -m posenc <command> ...`` command of the shell blocks of the README, docs/results.md
-    and docs/studies.md (continuations joined), from ``posenc`` on."""
+    and docs/studies.md (continuations joined), from ``posenc`` on; the checkout form
+    ``python -m experiments.<command> ...`` as ``posenc <command> ...``."""
     out = []
     for block in _blocks("bash", RUNNABLE):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()
             for part in re.split(r"&&|;|\|", line):
                 words = shlex.split(part.replace("& done", ""))
-                if "-m" in words and words[words.index("-m") + 1:words.index("-m") + 2] == ["posenc"]:
-                    out.append(words[words.index("-m") + 1:])
+                if "-m" not in words or words.index("-m") + 1 >= len(words):
+                    continue
+                i = words.index("-m") + 1
+                if words[i] == "posenc":
+                    out.append(words[i:])
+                elif words[i].startswith("experiments."):
+                    out.append(["posenc", words[i].split(".", 1)[1], *words[i + 1:]])
     return out
 
 
@@ -150,7 +156,7 @@ def test_the_readmes_commands_name_real_configs_and_fields():
     assert len(commands) >= 10
     for words in commands:
         module = words[1]
-        assert os.path.exists(os.path.join(ROOT, "posenc", "cli", f"{module}.py")), words
+        assert os.path.exists(os.path.join(ROOT, "experiments", f"{module}.py")), words
         config = next((w.split("=", 1)[1] if "=" in w else words[words.index(w) + 1]
                        for w in words if w.split("=")[0] == "--config"), None)
         if config is None:
@@ -161,7 +167,9 @@ def test_the_readmes_commands_name_real_configs_and_fields():
         plugins = [w for w in words if w.startswith("--plugins")]
         if plugins:  # the plugin's own encoding: checked by the plugin test below
             overrides = [o for o in overrides if "half_alibi" not in o[1]]
-        assert "/" not in config, words  # the packaged configs, by name: the commands run from any directory
+        if "/" in config:  # the checkout form: a file of the root folder configs/, from the root
+            assert config.startswith("configs/") and module == words[1], words
+            config = os.path.join(ROOT, config)
         cli.load(config, overrides, schema=s)
 
 

@@ -107,7 +107,7 @@ def test_a_dead_writers_temporary_files_are_found_and_removed(tmp_path):
 # of the public API and the attention kernels; posenc.hf loads checkpoints into the model, so it is
 # not one of them
 PURE_PACKAGES = ("encodings", "norms", "attention", "kernels")
-LAYERS = ["pure", "config", "workdir", "model", "tasks", "training", "studies", "configs", "cli"]
+LAYERS = ["pure", "config", "workdir", "model", "tasks", "training", "studies", "configs", "experiments"]
 
 
 def _layer(module: str) -> str | None:
@@ -118,7 +118,7 @@ def _layer(module: str) -> str | None:
         return "pure"
     sub = parts[1]
     if sub == "__main__":  # python -m posenc <command>: the commands' dispatcher
-        return "cli"
+        return "experiments"
     if sub == "hf":  # the checkpoint loader: it builds the model, so it is the model layer
         return "model"
     return sub if sub in LAYERS else None  # a module outside every layer fails the layer test
@@ -137,14 +137,19 @@ def _imports(path: str, modules) -> set[str]:
     return {m for m in out if m in modules}
 
 
+# the folders of the installed package: posenc/, and the root folders installed into it (setup.py)
+PACKAGE_FOLDERS = {"posenc": "posenc", "configs": "posenc.configs", "experiments": "posenc.experiments"}
+
+
 def _modules():
     found = {}
-    for dirpath, _, names in os.walk(os.path.join(ROOT, "posenc")):
-        for n in names:
-            if n.endswith(".py"):
-                path = os.path.join(dirpath, n)
-                rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                found[rel.removesuffix(".__init__")] = path
+    for folder, package in PACKAGE_FOLDERS.items():
+        for dirpath, _, names in os.walk(os.path.join(ROOT, folder)):
+            for n in names:
+                if n.endswith(".py"):
+                    path = os.path.join(dirpath, n)
+                    rel = os.path.relpath(path, os.path.join(ROOT, folder))[:-3].replace(os.sep, ".")
+                    found[f"{package}.{rel}".removesuffix(".__init__")] = path
     return found
 
 
@@ -174,7 +179,7 @@ def test_no_import_cycles_and_no_import_upwards():
     graph = {m: _imports(p, modules) - {m} for m, p in modules.items()}
     # the packaged configs and the command-line programs on top: nothing below imports them
     order = {"pure": 0, "config": 1, "workdir": 1, "model": 2, "tasks": 2, "training": 3, "studies": 4, "configs": 5,
-             "cli": 6}
+             "experiments": 6}
     for m, deps in graph.items():
         for d in deps:
             if m == "posenc" or d == "posenc":

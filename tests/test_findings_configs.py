@@ -1,4 +1,4 @@
-"""The findings grids of the compare config (quick, lm, randomized, interaction) and posenc.studies.findings."""
+"""The findings grids of the compare config (quick, lm, randomized, interaction) and posenc.studies.findings*."""
 
 import os
 
@@ -7,8 +7,10 @@ import pytest
 from helpers import grid_points
 from posenc import placements, tasks
 from posenc.configs import compare
+from posenc.configs.compare_grids import common
+from posenc.configs.compare_grids import lm as lm_grids
 from posenc.model import ENCODINGS
-from posenc.studies import engine, findings
+from posenc.studies import engine, findings, findings_interaction, findings_randomized
 
 
 def _points(arg, **grid):
@@ -69,7 +71,7 @@ def test_chomsky_family_grids_scale_token_embeddings_as_the_reference(arg):
 
 def test_randomized_full_covers_every_chomsky_task_and_every_encoding_but_nope():
     c = compare.get_config("randomized")
-    assert set(compare.chomsky_tasks()) | {"copy", "reverse"} == set(c.grid.tasks)
+    assert set(common.chomsky_tasks()) | {"copy", "reverse"} == set(c.grid.tasks)
     assert set(c.grid.positions) == {k + s for k in ENCODINGS if k != "nope" for s in ("", "_randomized")}
     # validate one point per encoding variant on the longest task lengths (the full grid has ~2000)
     c.grid.update(tasks=(c.grid.tasks[-1],), seeds=(0,))
@@ -120,7 +122,7 @@ def test_randomized_gain_per_encoding_and_overall():
             + _runs("b", "rope_randomized", [(0.6, 0.6), (0.6, 0.6)])    # gain +0.1
             + _runs("a", "alibi", [(0.5, 0.5)])
             + _runs("a", "alibi_randomized", [(0.4, 0.4)], fitted=False))  # nothing fitted: left out
-    res = findings.randomized_gain(rows)
+    res = findings_randomized.randomized_gain(rows)
     assert res["tasks"]["a"]["rope"] == pytest.approx(0.4) and res["tasks"]["b"]["rope"] == pytest.approx(0.1)
     mean, half, n = res["per_encoding"]["rope"][:3]
     assert (mean, n) == (pytest.approx(0.25), 2)
@@ -130,13 +132,13 @@ def test_randomized_gain_per_encoding_and_overall():
     assert half == pytest.approx(12.7062 * 0.15, rel=1e-4)  # t_0.975,1 s / sqrt(2), s = 0.3 / sqrt(2)
     assert res["missing"] == [("a", "alibi")] and res["per_encoding"]["alibi"] is None
     assert res["overall"][0] == pytest.approx(0.25)
-    md = findings.randomized_markdown(rows)
+    md = findings_randomized.randomized_markdown(rows)
     assert "+0.400" in md and "[1 unfitted]" in md and "a/alibi" in md
     # --include_unfitted scores the unfitted run too: alibi's gain 0.4 - 0.5
-    res = findings.randomized_gain(rows, include_unfitted=True)
+    res = findings_randomized.randomized_gain(rows, include_unfitted=True)
     assert res["tasks"]["a"]["alibi"] == pytest.approx(-0.1) and res["missing"] == []
     assert res["overall"][0] == pytest.approx((0.4 + 0.1 - 0.1) / 3)
-    md = findings.randomized_markdown(rows, include_unfitted=True)
+    md = findings_randomized.randomized_markdown(rows, include_unfitted=True)
     assert "[1 unfitted, included]" in md and "**-0.100**" in md and "fitted or not" in md
 
 
@@ -151,12 +153,12 @@ def test_best_placement_and_whether_it_depends_on_the_encoding(tmp_path):
     # text: lower log-perplexity is better
     rows += _runs("text", "rope", [(2.0, 2.2), (2.1, 2.1)], placement="pre")
     rows += _runs("text", "rope", [(1.5, 1.7), (1.6, 1.6)], placement="post")
-    res = findings.best_placements(rows)
+    res = findings_interaction.best_placements(rows)
     assert res["copy"]["rope"]["best"] == "pre" and res["copy"]["rope"]["clear"]
     assert res["copy"]["alibi"]["best"] == "post" and res["copy"]["alibi"]["clear"]
     assert res["copy"]["nope"]["best"] == "pre" and res["copy"]["nope"]["cells"]["post"]["diverged"] == 1
     assert res["text"]["rope"]["best"] == "post"
-    md = findings.interaction_markdown(rows)
+    md = findings_interaction.interaction_markdown(rows)
     assert ("depends on the encoding, each clear of its runner-up by a paired seed interval: "
             "alibi: post, rope: pre") in md
     assert res["copy"]["rope"]["paired"][:3] == (pytest.approx(0.4), pytest.approx(0.0), 3)
@@ -177,13 +179,13 @@ def test_a_difference_within_seed_noise_is_unresolved_even_when_means_differ():
     # per-seed gains +0.3, -0.1, +0.1: mean +0.1, but the paired interval includes zero
     rows = (_runs("a", "rope", [(0.5, 0.5), (0.5, 0.5), (0.5, 0.5)])
             + _runs("a", "rope_randomized", [(0.8, 0.8), (0.4, 0.4), (0.6, 0.6)]))
-    res = findings.randomized_gain(rows)
+    res = findings_randomized.randomized_gain(rows)
     assert res["tasks"]["a"]["rope"] == pytest.approx(0.1) and res["verdicts"]["a"]["rope"] == "unresolved"
-    assert "unresolved" in findings.randomized_markdown(rows)
+    assert "unresolved" in findings_randomized.randomized_markdown(rows)
     # the same means with seeds that agree: resolved
     rows = (_runs("a", "rope", [(0.5, 0.5), (0.4, 0.4), (0.6, 0.6)])
             + _runs("a", "rope_randomized", [(0.6, 0.6), (0.5, 0.5), (0.7, 0.7)]))
-    assert findings.randomized_gain(rows)["verdicts"]["a"]["rope"] == "helps"
+    assert findings_randomized.randomized_gain(rows)["verdicts"]["a"]["rope"] == "helps"
 
 
 def test_frontier_quick_scores_the_new_arms_at_exact_sizes_with_the_2x_target():
@@ -213,5 +215,5 @@ def test_frontier_lm_quick_is_lm_quick_with_the_new_arms():
     c, points = _points("frontier_lm_quick")
     lm = compare.get_config("lm_quick")
     assert c.base.to_dict() == lm.base.to_dict()
-    assert set(c.grid.positions) == set(compare.FRONTIER_POSITIONS)
-    assert len(points) == 3 * len(compare.FRONTIER_POSITIONS)
+    assert set(c.grid.positions) == set(lm_grids.FRONTIER_POSITIONS)
+    assert len(points) == 3 * len(lm_grids.FRONTIER_POSITIONS)

@@ -54,7 +54,7 @@ def packaged_configs() -> list[str]:
     import pkgutil
 
     folders = importlib.import_module(PACKAGE).__path__
-    return sorted(m.name for m in pkgutil.iter_modules(folders) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules(folders) if not m.name.startswith("_") and not m.ispkg)
 
 
 def _is_name(part: str) -> bool:
