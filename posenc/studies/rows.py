@@ -21,7 +21,8 @@ RUN_FIELDS = {
     "point": "the study point that wrote the row (its directory runs/<point>/)",
     "name": "the run's name",
     "task": "task.name",
-    "task_metadata": "the task's facts (options, level, vocabulary, size law; text: corpus hash and sizes)",
+    "task_metadata": "the task's facts (options, level, vocabulary, size law; text: the corpus, "
+                     ":data:`TEXT_CORPUS_FIELDS`)",
     "position": "model.position.kind",
     "position_options": "the validated options of every encoding in use",
     "layer_kinds": "the encoding of each layer",
@@ -65,6 +66,31 @@ RUN_FIELDS = {
     # timings
     "train_seconds": "training wall time", "eval_seconds": "evaluation wall time",
     "wall_time": "train_seconds + eval_seconds", "finished_at": "local time the run finished",
+}
+
+# The corpus facts in a text row's task_metadata (posenc.tasks.corpus, Corpus.metadata).
+TEXT_CORPUS_FIELDS = {
+    "corpus": "python-stdlib-source (default) | files (task.options.path) | token-memmap (task.options.tokens)",
+    "sha256": "SHA-256 of the corpus as used: every file's bytes read plus a NUL separator, in corpus order, "
+              "after max_bytes (memmaps: the .bin files' bytes, train then val); not what sha256sum of a file "
+              "prints (files[].sha256 is)",
+    "files": "your files and memmaps (not the stdlib): one {path, sha256, bytes, used_bytes, split} per file read, "
+             "in corpus order",
+    "files[].path": "relative to path / tokens for a directory; the file's name for a single file",
+    "files[].sha256": "SHA-256 of the whole file on disk: what sha256sum prints, whatever max_bytes kept",
+    "files[].bytes": "the file's size on disk",
+    "files[].used_bytes": "its bytes in the corpus (fewer: cut by max_bytes)",
+    "files[].split": "train | eval | train+eval (a single file or .bin split at its tail)",
+    "path": "the file or directory read (absolute)", "tokens": "the .bin file or directory (absolute)",
+    "stdlib_root": "the stdlib directory read", "python_version": "the Python whose stdlib it is",
+    "split_rule": "file (by a hash of each path) | tail (the last eval_fraction) | files (train.bin / val.bin)",
+    "num_files": "files read", "train_files": "of them in train", "eval_files": "of them in eval",
+    "skipped_files": "binary files of the directory left out",
+    "num_bytes": "bytes as used", "train_bytes": "of them in train", "eval_bytes": "of them in eval",
+    "num_tokens": "memmap tokens", "train_tokens": "of them in train", "eval_tokens": "of them in eval",
+    "eval_fraction": "task.options.eval_fraction", "max_bytes": "task.options.max_bytes (null: the whole files)",
+    "separator": "the byte after each file (hex)", "dtype": "the memmap's token type", "max_token": "its largest id",
+    "python_implementation": "CPython, PyPy, ...",
 }
 
 VOLATILE = ("train_seconds", "eval_seconds", "wall_time", "finished_at", "base_run")

@@ -33,10 +33,25 @@ all fall in one split (few files), and always for a single file or a single
 them is "eval" (``split_rule`` "tail" in metadata). ``train.bin`` /
 ``val.bin`` are the splits as given (``split_rule`` "files").
 
-``sha256`` hashes the corpus as used: the concatenated bytes (after
-truncation) for the first two, the raw bytes of the ``.bin`` file(s) in
-split order for memmaps. A missing or unreadable path, an empty corpus or a
-split too small for one token raise ValueError when the corpus is opened.
+Provenance: ``sha256`` hashes the corpus *as used*: the concatenated bytes
+(each file with its separator, after truncation) for the first two, the raw
+bytes of the ``.bin`` file(s) in split order for memmaps; equal digests mean
+the same training and held-out tokens. Each file read also gets its own
+SHA-256 over its whole content on disk (:func:`file_sha256`: exactly what
+``sha256sum FILE`` prints, whatever ``max_bytes`` kept), with its size
+(``Corpus.checksums``). For your own files and memmaps the metadata lists
+them, ``files``: ``[{path, sha256, bytes, used_bytes, split}]`` (``path``
+relative to ``task.options.path`` / ``tokens`` for a directory, the file's
+name for a single file; ``used_bytes`` of it in the corpus, fewer than
+``bytes`` where ``max_bytes`` cut it; ``split`` "train", "eval", or
+"train+eval" for a file the tail rule splits), so a reader checks a row
+against a file with ``sha256sum``. The stdlib's hundreds of files are not
+listed in every row (its ``python_version`` and the digest as used name
+it); a directory's files that ``max_bytes`` left unread are not listed
+either. :func:`describe` says a corpus in one line from its metadata.
+
+A missing or unreadable path, an empty corpus or a split too small for one
+token raise ValueError when the corpus is opened.
 """
 
 from __future__ import annotations
@@ -147,12 +162,26 @@ class Corpus:
     split_rule: str = "file"
     max_token: int = 255
     skipped: tuple = ()  # the binary files of a directory, left out (relative paths)
+    # per entry of ``files``: (SHA-256 hex of the whole file on disk, its size in bytes)
+    checksums: tuple = ()
     # split -> device array, filled on first use (outside any trace) and shared by tasks.
     device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
         return int(sum(d.nbytes for d in self.data.values()))
+
+    def file_records(self) -> list[dict]:
+        """Each file read: ``{path, sha256, bytes, used_bytes, split}`` (module docstring, Provenance)."""
+        cut = int(self.data["train"].size)
+        records = []
+        for (path, split, start, stop), (sha, size) in zip(self.files, self.checksums):
+            if self.split_rule == "tail":  # one array cut at ``cut``: a file may straddle it
+                split = "train" if stop <= cut else "eval" if start >= cut else "train+eval"
+            # A memmap is used whole; a byte file's tokens are its bytes and its separator.
+            used = size if self.kind == "token-memmap" else min(size, stop - start)
+            records.append({"path": path, "sha256": sha, "bytes": size, "used_bytes": used, "split": split})
+        return records
 
     def metadata(self) -> dict:
         counts = {s: sum(1 for f in self.files if f[1] == s) for s in ("train", "eval")}
@@ -168,14 +197,41 @@ class Corpus:
         if self.kind == "token-memmap":
             return {**meta, "tokens": self.root, "dtype": str(self.data["train"].dtype),
                     "num_tokens": self.num_bytes, "train_tokens": int(self.data["train"].size),
-                    "eval_tokens": int(self.data["eval"].size), "max_token": self.max_token}
+                    "eval_tokens": int(self.data["eval"].size), "max_token": self.max_token,
+                    "files": self.file_records()}
         meta.update(num_bytes=self.num_bytes, max_bytes=self.max_bytes,
                     train_bytes=int(self.data["train"].size), eval_bytes=int(self.data["eval"].size),
                     separator=SEPARATOR.hex())
         if self.kind == "files":
-            return {**meta, "path": self.root, "skipped_files": list(self.skipped)}
+            return {**meta, "path": self.root, "skipped_files": list(self.skipped), "files": self.file_records()}
         return {**meta, "python_version": platform.python_version(),
                 "python_implementation": platform.python_implementation(), "stdlib_root": self.root}
+
+
+def describe(meta: dict, most: int = 4) -> str:
+    """A corpus in one line, from its metadata (a text row's ``task_metadata``): where it is and its hashes.
+
+    A single file: its path, SHA-256 (``sha256sum``'s, the first 12 hex digits: the rows hold all
+    64) and size; a directory: its path and its first ``most`` files' digests; the stdlib: the
+    Python version and directory. Then the digest of the corpus as used. Rows written before
+    files were listed give the path and the digest as used.
+    """
+    short = lambda sha: sha[:12]  # noqa: E731
+    files = meta.get("files") or []
+    kind = meta.get("corpus")
+    if kind == "python-stdlib-source":
+        where = (f"the {meta.get('python_implementation', 'Python')} {meta.get('python_version', '?')} standard "
+                 f"library source (`{meta.get('stdlib_root', '?')}`)")
+    else:
+        root = meta.get("tokens" if kind == "token-memmap" else "path", "?")
+        where = f"`{root}`" + (" (token memmap)" if kind == "token-memmap" else "")
+        if len(files) == 1 and os.path.basename(str(root)) == files[0]["path"]:
+            where += f": sha256 {short(files[0]['sha256'])}, {files[0]['bytes']:,} bytes"
+        elif files:
+            named = "; ".join(f"{f['path']} sha256 {short(f['sha256'])} ({f['split']})" for f in files[:most])
+            more = f"; {len(files) - most} more in task_metadata.files" if len(files) > most else ""
+            where += f", {len(files)} files: {named}{more}"
+    return f"{where}; as used: sha256 {short(meta.get('sha256') or '?')}"
 
 
 def _order_key(path: str) -> bytes:
@@ -183,16 +239,30 @@ def _order_key(path: str) -> bytes:
     return hashlib.sha256(b"order\0" + path.encode("utf-8")).digest()
 
 
+def file_sha256(path) -> tuple[str, int]:
+    """``(SHA-256 hex, size in bytes)`` of a file's bytes on disk, read in chunks: what ``sha256sum`` prints."""
+    with open(path, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256")
+        return digest.hexdigest(), fh.tell()
+
+
 def _read(root, path, budget, digest):
+    """``(chunk, (sha256, size))``: the file's first ``budget`` bytes of content + separator, and the
+    whole file's own digest and size (the rest of a cut file is hashed in chunks, not kept)."""
     full = root if path is None else os.path.join(root, path)
     try:
         with open(full, "rb") as fh:
-            chunk = fh.read() + SEPARATOR
+            head = fh.read() if budget is None else fh.read(budget)
+            own = hashlib.sha256(head)
+            if budget is not None and len(head) == budget:  # cut (or exactly full): hash what is left
+                while block := fh.read(_HASH_CHUNK):
+                    own.update(block)
+            size = fh.tell()
     except OSError as e:
         raise ValueError(f"cannot read corpus file {full!r}: {e.strerror or e}") from None
-    chunk = chunk if budget is None else chunk[:budget]
+    chunk = head + SEPARATOR if budget is None else (head + SEPARATOR)[:budget]
     digest.update(chunk)
-    return chunk
+    return chunk, (own.hexdigest(), size)
 
 
 def _concatenate(root, paths, max_bytes, eval_fraction, kind, skipped=()):
@@ -201,25 +271,28 @@ def _concatenate(root, paths, max_bytes, eval_fraction, kind, skipped=()):
     splits = {p: file_split(p, eval_fraction) for p in paths} if len(paths) > 1 else {}
     rule = "file" if len(set(splits.values())) == 2 or (kind == "python-stdlib-source" and splits) else "tail"
     if rule == "file":
-        parts, files = {"train": [], "eval": []}, []
+        parts, files, checksums = {"train": [], "eval": []}, [], []
         offsets = {"train": 0, "eval": 0}
         for split in ("eval", "train"):  # the held-out files whole, then training files up to max_bytes
             for path in sorted((p for p in paths if splits[p] == split), key=_order_key):
                 budget = None if split == "eval" or max_bytes is None else max_bytes - offsets["train"]
                 if budget is not None and budget <= 0:
                     break
-                chunk = _read(root, path, budget, digest)
+                chunk, checksum = _read(root, path, budget, digest)
                 parts[split].append(chunk)
                 files.append((path, split, offsets[split], offsets[split] + len(chunk)))
+                checksums.append(checksum)
                 offsets[split] += len(chunk)
         data = {s: np.frombuffer(b"".join(c), dtype=np.uint8) for s, c in parts.items()}
         total = offsets["train"] + offsets["eval"]
     else:
-        chunks, names, total = [], [], 0
+        chunks, names, checksums, total = [], [], [], 0
         for path in paths:
             if max_bytes is not None and total >= max_bytes:
                 break
-            chunks.append(_read(root, path, None if max_bytes is None else max_bytes - total, digest))
+            chunk, checksum = _read(root, path, None if max_bytes is None else max_bytes - total, digest)
+            chunks.append(chunk)
+            checksums.append(checksum)
             names.append(os.path.basename(root) if path is None else path)
             total += len(chunks[-1])
         joined = np.frombuffer(b"".join(chunks), dtype=np.uint8)
@@ -230,7 +303,7 @@ def _concatenate(root, paths, max_bytes, eval_fraction, kind, skipped=()):
             files.append((name, "train" if start < cut else "eval", start, start + len(chunk)))
             start += len(chunk)
     return Corpus(data, tuple(files), digest.hexdigest(), total, max_bytes, eval_fraction, root,
-                  kind=kind, split_rule=rule, skipped=tuple(skipped))
+                  kind=kind, split_rule=rule, skipped=tuple(skipped), checksums=tuple(checksums))
 
 
 def _tail_cut(size, eval_fraction, where):
@@ -329,16 +402,19 @@ def load_corpus(max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = DEFAU
 
 
 def _scan(files):
-    """SHA-256 of the files' bytes in order and their largest token, read in chunks."""
-    digest, top = hashlib.sha256(), 0
+    """``(sha256, top, checksums)``: SHA-256 of the files' bytes in order, their largest token and each
+    file's own ``(sha256, size in bytes)``, in one pass of chunks."""
+    digest, top, checksums = hashlib.sha256(), 0, []
     for mm in files:
-        raw = mm.view(np.uint8)
+        raw, own = mm.view(np.uint8), hashlib.sha256()
         step = _HASH_CHUNK // mm.itemsize * mm.itemsize
         for start in range(0, raw.size, step):
             chunk = raw[start:start + step]
             digest.update(chunk)
+            own.update(chunk)
             top = max(top, int(chunk.view(mm.dtype).max()))
-    return digest.hexdigest(), top
+        checksums.append((own.hexdigest(), int(raw.size)))
+    return digest.hexdigest(), top, tuple(checksums)
 
 
 @functools.lru_cache(maxsize=8)
@@ -361,9 +437,9 @@ def _open_tokens(full, fingerprint, dtype, eval_fraction):
         data = {"train": mm[:cut], "eval": mm[cut:]}
         files = ((os.path.basename(full), "train", 0, mm.size),)
         rule = "tail"
-    sha, top = _scan(maps)
+    sha, top, checksums = _scan(maps)
     return Corpus(data, files, sha, int(sum(m.size for m in maps)), None, eval_fraction, full,
-                  kind="token-memmap", split_rule=rule, max_token=top)
+                  kind="token-memmap", split_rule=rule, max_token=top, checksums=checksums)
 
 
 def _memmap(path, dtype):

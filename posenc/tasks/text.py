@@ -13,8 +13,10 @@ Vocabulary: bytes are their own ids (256, no special tokens); for a memmap
 the ids are the stored tokens and ``vocab_size`` is the option, else the
 largest stored id + 1 (256 for "uint8"). The corpus differs between
 machines (Python version, your files), so ``metadata()`` records its
-SHA-256 and sizes (and the Python version for the stdlib); equal hashes
-mean comparable results.
+SHA-256 as used and sizes (and the Python version for the stdlib); equal
+hashes mean comparable results. Your files and memmaps are listed too,
+each with its own SHA-256 (what ``sha256sum`` prints), size and split
+(``files``; :mod:`posenc.tasks.corpus`, Provenance).
 
 ``batch`` draws ``batch_size`` windows of ``length + 1`` tokens from the
 split at start offsets ``jax.random.randint(key, (B,), 0, N - length)``
