@@ -24,7 +24,9 @@ fitted (k)``.
 
 Main metric: accuracy (exact match alongside); for ``text`` the
 log-perplexity (loss, nats per token) over all tokens and over the last L
-(training length) tokens of each window, perplexity alongside. Rows of an
+(training length) tokens of each window, perplexity alongside, under a
+line naming the corpus (path, each file's SHA-256 as ``sha256sum`` prints
+it, the first 12 digits, and the digest of the corpus as used). Rows of an
 evaluation sweep (``sweep``, e.g. passkey depth) get their own table per
 task (metric vs sweep value per length) and stay out of the main table.
 
@@ -241,6 +243,7 @@ def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_u
     caption = dict(fitting=fitting, include_unfitted=include_unfitted)
     lines = [_heading(task, rs), ""]
     if task == "text":
+        lines += _corpus_lines(rs)
         measures = [("loss", "perplexity", "over all tokens of each window")]
         if any(r.get("loss_last_L") is not None for r in rs):
             last = sorted({r["last_L"] for r in rs if r.get("last_L")})
@@ -271,6 +274,16 @@ def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_u
                         for label, values in sorted(by_label.items()) for value, cells in values.items()},
                        sweep_lengths, train_lengths, f"encoding {option}")
     return lines
+
+
+def _corpus_lines(rs) -> list[str]:
+    """A paragraph "Corpus: ..." per corpus the text rows ``rs`` trained on (its path and SHA-256s:
+    :func:`posenc.tasks.corpus.describe`); none for rows without the corpus in their task metadata."""
+    from posenc.tasks import corpus
+
+    said = dict.fromkeys(corpus.describe(r["task_metadata"]) for r in rs
+                         if isinstance(r.get("task_metadata"), dict) and "sha256" in r["task_metadata"])
+    return [text for line in said for text in (f"Corpus: {line}", "")]
 
 
 def table_markdown(rows: list[dict], *, include_unfitted: bool = False) -> str:
