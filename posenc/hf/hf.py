@@ -41,8 +41,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+import posenc.hf.families  # noqa: F401  (importing it registers every family)
 from posenc.config import overrides as overrides_lib
-from posenc.hf import hf_families
+from posenc.hf import registry
 from posenc.model import Decoder, ModelSpec, model_config
 
 
@@ -63,7 +64,7 @@ def config(model_dir, *, overrides=None) -> ml_collections.ConfigDict:
     checkpoint's scaling options it does not set (factor, original_length, ...) to their defaults.
     """
     hf = _read_config(model_dir)
-    family = hf_families.family(hf)
+    family = registry.family(hf)
     c = ml_collections.ConfigDict({"model": model_config()})
     overrides_lib.apply(c, family.fields(hf), where=f"{model_dir!s}/config.json")
     if overrides:
@@ -97,7 +98,7 @@ def params(model_dir, spec: ModelSpec, *, hf: dict | None = None,
     """The posenc parameters of the checkpoint: {flat state path: float32 array} for ``spec``."""
     hf = _read_config(model_dir) if hf is None else hf
     tensors = read_tensors(model_dir) if tensors is None else tensors
-    return hf_families.family(hf).params(hf, tensors, spec)
+    return registry.family(hf).params(hf, tensors, spec)
 
 
 def assign(model: Decoder, values: dict) -> Decoder:
