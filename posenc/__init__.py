@@ -2,8 +2,8 @@
 
 The folders are the layers (docs/api.md): the pure functions (jax only) live
 in the family packages ``posenc.encodings`` (with ``posenc.encodings.rope``),
-``posenc.norms`` and ``posenc.attention``; ``posenc.model`` composes them into a
-Flax NNX decoder. See docs/api.md.
+``posenc.norms``, ``posenc.attention`` and ``posenc.recurrent`` (the recurrent
+mixers); ``posenc.model`` composes them into a Flax NNX decoder. See docs/api.md.
 
 Every module of a family package is public as ``posenc.<name>``, in all three
 forms: ``import posenc; posenc.rope.apply``, ``from posenc import rope`` and
@@ -28,7 +28,7 @@ import sys
 __version__ = "0.1.0"
 
 # the packages whose modules are public as posenc.<name>
-FAMILY_PACKAGES = ("encodings", "encodings.rope", "norms", "attention")
+FAMILY_PACKAGES = ("encodings", "encodings.rope", "norms", "attention", "recurrent")
 
 _family_cache: dict[str, str] | None = None
 
