@@ -5,7 +5,7 @@ import pytest
 from helpers import grid_points
 from posenc.config.schema import ConfigError
 from posenc.configs import compare
-from posenc.studies import compare_report, engine, findings
+from posenc.studies import compare_report, engine, findings, findings_sizes
 
 # what an arm may change besides the encoding: its task-side recipe (coupled ids, index hints) and,
 # with index hints (two tokens per digit, the hint symbols), the token lengths of the same problem
@@ -150,11 +150,11 @@ def test_tables_per_task_variant_in_problem_sizes():
 def test_sizes_findings_target_check_and_paired_differences(tmp_path):
     rows = _grid_rows()
     targets = {"size": 16, "at_least": {"coupled": 0.9}, "below": {"rope": 0.2}}
-    res = findings.size_scores(rows)
+    res = findings_sizes.size_scores(rows)
     cell = res["reversed"]["cells"]["coupled"][16]
     assert cell["stat"].mean == pytest.approx(0.95) and cell["stat"].n == 3
     assert res["msd"]["cells"]["rope"][16]["unfitted"] == 1 and res["msd"]["cells"]["rope"][16]["stat"].n == 2
-    md = findings.sizes_markdown(rows, targets=targets)
+    md = findings_sizes.sizes_markdown(rows, targets=targets)
     # coupled: mean 0.95 >= 0.9 but its interval (t_0.975,2 * 0.05 / sqrt(3) = 0.124) reaches below 0.9
     assert "| coupled | >= 0.9 | 0.950 [0.826, 1.000]" in md and "met, not the whole interval" in md
     assert "| rope | < 0.2 | 0.050 [0.000, 0.174]" in md and "met, the whole interval" in md
