@@ -5,7 +5,7 @@
 For every length: the teacher-forced evaluation (``evaluate.evaluate_length``
 with ``decoded=False``: one compiled call over every batch) and the decoded
 evaluation (``decoded=True``: the same call, which also gives each row's first
-teacher-forced error, then ``decode.eval_correctness`` over the same
+teacher-forced error, then ``decode.eval_answers`` over the same
 examples), each run once to compile and then ``--runs`` times; one JSON line
 per length with the median seconds of each and their ratio (what evaluating
 with decoding costs against without). The model is the default config's
@@ -14,7 +14,9 @@ with decoding costs against without). The model is the default config's
 wrong from the first answer token of almost every example, so every row is
 decoded (the worst case of the exact-match shortcut).
 
-``--group-rows`` sets how many rows decode together (``decode.GROUP_ROWS``).
+``--group-rows`` sets how many rows decode together (``decode.Schedule.group_rows``);
+``--decode-rows`` how many failing rows a length decodes (``eval.decode_rows``: an integer,
+or all).
 ``--num-batches`` overrides ``eval.num_batches`` (fewer batches at the
 longest lengths).
 """
@@ -85,7 +87,8 @@ def main(argv=None):
     p.add_argument("--num-batches", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-steps", type=int, default=0)
-    p.add_argument("--group-rows", type=int, default=None, help="rows decoded together (decode.GROUP_ROWS)")
+    p.add_argument("--group-rows", type=int, default=None, help="rows decoded together (Schedule.group_rows)")
+    p.add_argument("--decode-rows", default=None, help="failing rows decoded per length (eval.decode_rows)")
     args = p.parse_args(argv)
 
     import jax
@@ -94,13 +97,14 @@ def main(argv=None):
     from posenc.model import Decoder
     from posenc.training import decode, evaluate, prepare
 
-    if args.group_rows:
-        decode.GROUP_ROWS = args.group_rows
+    schedule = decode.Schedule(group_rows=args.group_rows) if args.group_rows else decode.Schedule()
     c = _config(args.config_arg)
     c.train.progress = False
     c.eval.lengths = tuple(args.lengths)
     if args.num_batches:
         c.eval.num_batches = args.num_batches
+    if args.decode_rows:
+        c.eval.decode_rows = args.decode_rows if args.decode_rows == "all" else int(args.decode_rows)
     r = prepare.resolve(c)
     model = Decoder(r.spec, rngs=nnx.Rngs(args.seed))
     if args.train_steps:
@@ -113,27 +117,29 @@ def main(argv=None):
                "max_tokens_per_step": int(r.config.eval.max_tokens_per_step),
                "teacher_forced_s": statistics.median(forced), "teacher_forced_runs": forced}
         stats, answers = {}, {}
-        plain = decode.eval_correctness
+        plain = decode.eval_answers
 
-        def spy(*a, **k):  # the evaluation's decoding, its statistics kept
-            return plain(*a, **dict(k, stats=stats))
+        def spy(*a, **k):  # the evaluation's decoding, its statistics kept, with the schedule
+            return plain(*a, **dict(k, stats=stats, schedule=schedule))
 
         def decoded():
             answers.update(evaluate.evaluate_length(model, r.task, r.config, r.spec, length, decoded=True))
 
-        evaluate.decode_lib.eval_correctness = spy
+        evaluate.decode_lib.eval_answers = spy
         try:
             times = _timed(decoded, args.runs)
         finally:
-            evaluate.decode_lib.eval_correctness = plain
+            evaluate.decode_lib.eval_answers = plain
         row.update(decoded_s=statistics.median(times), decoded_runs=times,
                    ratio=statistics.median(times) / statistics.median(forced),
-                   decoded_rows=stats["decoded_rows"], rows=stats["rows"], steps=stats["steps"],
+                   decoded_rows=stats["decoded_rows"], failing_rows=stats["failing_rows"], rows=stats["rows"],
+                   steps=stats["steps"],
                    groups=len(stats["groups"]), segments=stats["segments"],
                    prefill_pieces=stats["prefill_pieces"], seconds=stats["seconds"],
                    forced_pass=stats["forced_pass"], cache_sizes=sorted(stats["cache_sizes"]),
                    decoded_accuracy=answers["decoded_accuracy"],
-                   decoded_exact_match=answers["decoded_exact_match"])
+                   decoded_exact_match=answers["decoded_exact_match"],
+                   decoded_accuracy_se=answers["decoded_accuracy_se"])
         row["machine"] = f"{platform.machine()} {os.cpu_count()} cpus, jax {jax.__version__} {jax.default_backend()}"
         row["load_average"] = os.getloadavg()
         print(json.dumps(row), flush=True)

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import helpers
-from posenc.training import decode, eval_step
+from posenc.training import decode, decode_set, decode_steps, eval_step
 
 B, P, A = 3, 5, 6
 
@@ -144,7 +144,7 @@ def _old_forced(graphdef, state, inputs, mask, positions, *, start, end):
     model = nnx.merge(graphdef, state)
     batch, length = inputs.shape
     cache = model.init_cache(batch, end)
-    logits, cache = model.decode(inputs[:, :start], cache, decode._slice(positions, 0, start))
+    logits, cache = model.decode(inputs[:, :start], cache, decode_steps._slice(positions, 0, start))
     token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
     out = jnp.full((batch, length), -1, jnp.int32).at[:, start - 1].set(token)
 
@@ -153,7 +153,7 @@ def _old_forced(graphdef, state, inputs, mask, positions, *, start, end):
         given = jax.lax.dynamic_index_in_dim(inputs, t, axis=1, keepdims=False)
         answer = jax.lax.dynamic_index_in_dim(mask, t - 1, axis=1, keepdims=False) > 0
         logits, cache = model.decode(jnp.where(answer, token, given)[:, None], cache,
-                                     decode._slice(positions, t, 1))
+                                     decode_steps._slice(positions, t, 1))
         token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
         return cache, token, jax.lax.dynamic_update_index_in_dim(out, token, t, axis=1)
 
@@ -173,25 +173,24 @@ def old_decoding(model, batch, positions=None):
     return (predicted == np.asarray(batch["targets"])) & mask, predicted
 
 
-def engine(model, batch, positions=None, *, group, rows, max_tokens, stats):
+def engine(model, batch, positions=None, *, group, rows, max_tokens, stats, schedule):
     """The evaluation decoder on one batch with its knobs: rows decoded together, rows per
-    teacher-forced forward, tokens per forward."""
-    data = decode._make_set([(batch, positions)])
+    teacher-forced forward, tokens per forward, the schedule."""
+    data = decode_set._make_set([(batch, positions)])
     graphdef, state = nnx.split(model)
-    (correct,) = decode._run(graphdef, [(state,)], decode._single(graphdef, state), data, group=group,
-                             rows=rows, max_tokens=max_tokens, stats=stats)
+    (correct,) = decode_set._run(graphdef, [(state,)], decode_set._single(graphdef, state), data, group=group,
+                                 rows=rows, max_tokens=max_tokens, schedule=schedule, stats=stats).correct
     return correct
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi", "fox"])
-def test_shortcut_decodes_only_wrong_rows_from_their_first_error(kind, monkeypatch):
+def test_shortcut_decodes_only_wrong_rows_from_their_first_error(kind):
     """Rows right at every answer token are not decoded; the others from their first error on (in
     groups sorted by it, each prefilled up to its earliest error in pieces, its cache grown as it
     decodes); the answers are those of the decoder before, for rows all right, wrong from the first
     token, wrong late, wrong in the middle of answers interleaved with given tokens, and a row
     without answers."""
-    monkeypatch.setattr(decode, "MIN_PREFILL", 0)
-    monkeypatch.setattr(decode, "CACHE_GRID", 4)  # cache sizes 4, 6, 8, 12, 16, 23
+    schedule = decode.Schedule(min_prefill=0, cache_grid=4)  # cache sizes 4, 6, 8, 12, 16, 23
     model = helpers.decoder(kind, perturb=0.5)
     B, L = 8, 24
     inputs = np.asarray(helpers.tokens(B, L, seed=3))
@@ -212,7 +211,8 @@ def test_shortcut_decodes_only_wrong_rows_from_their_first_error(kind, monkeypat
     np.testing.assert_array_equal(expected, (predicted == batch["targets"]) & (mask > 0))
     assert expected[[0, 1, 6]][mask[[0, 1, 6]] > 0].all() and not expected[5].any()
     stats = {}
-    correct = engine(model, batch, group=2, rows=4, max_tokens=8, stats=stats)  # prefill pieces of 4 tokens
+    correct = engine(model, batch, group=2, rows=4, max_tokens=8, stats=stats,
+                     schedule=schedule)  # prefill pieces of 4 tokens
     np.testing.assert_array_equal(correct, expected)
     # rows 2, 4, 5, 3 (first errors 5, 12, 14, 20) are decoded, two at a time: from the piece holding
     # the group's first error to its last answer token
@@ -221,14 +221,14 @@ def test_shortcut_decodes_only_wrong_rows_from_their_first_error(kind, monkeypat
     assert stats["prefill_pieces"] == 1 + 3 and stats["steps"] == 15 + 11
     assert len(stats["cache_sizes"]) > 2  # the cache grew as the rows were decoded
     # the public entry point (one group, no memory bound) gives the same answers
-    correct, m = decode.answer_correctness(model, batch)
+    correct, m = decode.answer_correctness(model, batch, schedule=schedule)
     np.testing.assert_array_equal(correct, expected)
     np.testing.assert_array_equal(m, mask > 0)
 
 
-def test_shortcut_with_explicit_and_per_example_positions(monkeypatch):
+def test_shortcut_with_explicit_and_per_example_positions():
     """Positions shared by every row (rotated once per step) and positions of each row."""
-    monkeypatch.setattr(decode, "MIN_PREFILL", 0)
+    schedule = decode.Schedule(min_prefill=0)
     model = helpers.decoder("rope", perturb=0.5)
     B, L = 4, 16
     inputs = np.asarray(helpers.tokens(B, L, seed=5))
@@ -243,7 +243,7 @@ def test_shortcut_with_explicit_and_per_example_positions(monkeypatch):
         expected, _ = old_decoding(model, batch, positions)
         assert expected[mask > 0].sum() == mask.sum() - 1
         stats = {}
-        correct = engine(model, batch, positions, group=4, rows=4, max_tokens=4, stats=stats)
+        correct = engine(model, batch, positions, group=4, rows=4, max_tokens=4, stats=stats, schedule=schedule)
         np.testing.assert_array_equal(correct, expected)
         assert stats["decoded_rows"] == 1 and stats["groups"][0]["start"] == 8  # pieces of 4 tokens
 
@@ -258,21 +258,21 @@ def _task(arg):
 
 
 @pytest.mark.parametrize("arg", ["tiny", "tiny,mqar", "tiny,randomized"])
-def test_eval_set_decoding_equals_the_decoder_before(arg, monkeypatch):
+def test_eval_set_decoding_equals_the_decoder_before(arg):
     """copy; mqar (answers spread between given tokens); randomized positions (each batch its own);
     the set's rows regrouped across batches, prefilled in pieces within the memory bound."""
     from posenc.model import Decoder
     from posenc.training import evaluate
 
-    monkeypatch.setattr(decode, "MIN_PREFILL", 0)
-    monkeypatch.setattr(decode, "CACHE_GRID", 8)
+    schedule = decode.Schedule(min_prefill=0, cache_grid=8)
     r = _task(arg)
     model = Decoder(r.spec, rngs=nnx.Rngs(1))
     helpers.perturb_params(model, jax.random.key(7), 0.3)
     n = 32
     plan = evaluate.plan_length(r.task, r.config, n)
     stats = {}
-    correct, mask = decode.eval_correctness(model, r.task, r.config, n, min_size=plan.min_size, stats=stats)
+    correct, mask = decode.eval_correctness(model, r.task, r.config, n, min_size=plan.min_size, stats=stats,
+                                            schedule=schedule)
     root = jax.random.fold_in(jax.random.key(int(r.config.eval.seed)), n)
     expected = []
     for i in range(2):
@@ -289,7 +289,7 @@ def test_eval_set_decoding_equals_the_decoder_before(arg, monkeypatch):
         helpers.perturb_params(other, jax.random.key(8), 0.3)
         graphdef, params, rest = ev.split_params([model, other])
         together = decode.eval_correctness_seeds(graphdef, params, rest, r.task, r.config, n,
-                                                 min_size=plan.min_size)
+                                                 min_size=plan.min_size, schedule=schedule)
         np.testing.assert_array_equal(together[0][0], correct)
-        alone, _ = decode.eval_correctness(other, r.task, r.config, n, min_size=plan.min_size)
+        alone, _ = decode.eval_correctness(other, r.task, r.config, n, min_size=plan.min_size, schedule=schedule)
         np.testing.assert_array_equal(together[1][0], alone)

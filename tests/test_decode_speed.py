@@ -1,4 +1,5 @@
-"""The evaluation decoder's cost and responsiveness (posenc.training.decode): decoding steps attend
+"""The evaluation decoder's cost and responsiveness (posenc.training.decode, decode_set, decode_steps): decoding
+steps attend
 densely, run in short compiled segments (Ctrl-C acts between them, a progress bar shows), and the
 step programs are shared by every length (benchmarks/decode_speed.py measures the speed)."""
 
@@ -13,7 +14,7 @@ from flax import nnx
 import helpers
 from posenc.model import Decoder
 from posenc.model import attention as attention_lib
-from posenc.training import decode, eval_step, evaluate, prepare
+from posenc.training import decode, decode_set, decode_steps, eval_step, evaluate, prepare
 from posenc.training import progress as progress_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,67 +73,69 @@ def _fake_bar(events, interrupt_after=None):
 
 
 def test_ctrl_c_acts_between_segments(monkeypatch):
-    """The steps run in compiled segments of about SEGMENT_SECONDS with the loop state carried
+    """The steps run in compiled segments of about Schedule.segment_seconds with the loop state carried
     between calls: a KeyboardInterrupt acts at the end of the running segment, not of the length."""
-    monkeypatch.setattr(decode, "SEGMENT_SECONDS", 0.0, raising=False)  # one step a segment
-    monkeypatch.setattr(decode, "FIRST_SEGMENT", 1, raising=False)
+    schedule = decode.Schedule(segment_seconds=0.0, first_segment=1)  # one step a segment
     events = []
     monkeypatch.setattr(progress_lib, "progress", _fake_bar(events, interrupt_after=3))
     r = resolved()
     r.config.train.progress = True
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     with pytest.raises(KeyboardInterrupt):
-        decode.eval_correctness(model, r.task, r.config, 32)
+        decode.eval_correctness(model, r.task, r.config, 32, schedule=schedule)
     assert events.count(("update", "step")) == 3 and events[-1] == ("close", None)
     # the whole length takes many more segments, and runs again once interrupted
     monkeypatch.setattr(progress_lib, "progress", _fake_bar([]))
     stats = {}
-    correct, mask = decode.eval_correctness(model, r.task, r.config, 32, stats=stats)
+    correct, mask = decode.eval_correctness(model, r.task, r.config, 32, stats=stats, schedule=schedule)
     assert stats["segments"] > 10 and stats["steps"] == stats["segments"] and mask.sum() > 0
 
 
-def test_a_progress_bar_per_length_on_stderr(monkeypatch, capfd):
-    monkeypatch.setattr(decode, "PROGRESS_DELAY", 0.0, raising=False)
+def test_a_progress_bar_per_length_on_stderr(capfd):
+    schedule = decode.Schedule(progress_delay=0.0)
     r = resolved()
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
     r.config.train.progress = True
-    decode.eval_correctness(model, r.task, r.config, 16)
+    decode.eval_correctness(model, r.task, r.config, 16, schedule=schedule)
     err = capfd.readouterr().err
     assert "decode 16: teacher-forced" in err and "decode 16: 8/8 rows" in err
     r.config.train.progress = False  # the run's progress setting (tiny turns it off)
-    decode.eval_correctness(model, r.task, r.config, 16)
+    decode.eval_correctness(model, r.task, r.config, 16, schedule=schedule)
     assert "decode" not in capfd.readouterr().err
 
 
-def test_step_programs_are_shared_by_lengths_and_groups(monkeypatch):
+def test_step_programs_are_shared_by_lengths_and_groups():
     """A segment program per (rows, cache size): the cache sizes come from one grid at every length
     and a program's inputs are cut to its cache, so a length compiles only the pairs no length
     before it used; the cache grows with the decoded tokens, up to the set's last answer token."""
-    monkeypatch.setattr(decode, "CACHE_GRID", 8)
+    schedule = decode.Schedule(cache_grid=8)
     r = resolved(d_model=24)  # a graph of its own: no program of another test
     model = Decoder(r.spec, rngs=nnx.Rngs(0))
-    segment = decode._jitted(decode._segment, (), ("cache", "out"))
+    segment = decode_steps._jitted(decode_steps._segment, (), ("cache", "out"))
     seen = set()
     for n in (32, 64):
         before = segment._cache_size()
         stats = {}
-        decode.eval_correctness(model, r.task, r.config, n, stats=stats)
+        decode.eval_correctness(model, r.task, r.config, n, stats=stats, schedule=schedule)
         pairs = {(g["size"], s) for g in stats["groups"] for s in g["cache_sizes"]}
         assert segment._cache_size() - before == len(pairs - seen)
         seen |= pairs
         for g in stats["groups"]:
             assert g["cache_sizes"] == sorted(g["cache_sizes"]) and g["cache_sizes"][-1] >= g["stop"]
     assert {s for _, s in seen} >= {8, 12, 16, 24}  # the grid 8, 12, 16, 24, 32, 48, ...
-    assert decode._capacity(1, 1000) == 8 and decode._capacity(9, 1000) == 12 and decode._capacity(13, 20) == 16
-    assert decode._capacity(17, 20) == 20  # at most the set's last answer token
+    capacity = decode_steps._capacity
+    assert capacity(1, 1000, 8) == 8 and capacity(9, 1000, 8) == 12 and capacity(13, 20, 8) == 16
+    assert capacity(17, 20, 8) == 20  # at most the set's last answer token
+    assert capacity(1, 1000) == 256 and capacity(257, 1000) == 384  # the default grid
 
 
 def test_bucket_and_piece_sizes():
-    assert [decode._bucket(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
-    assert decode._bucket(5, 6) == 6
-    assert decode._piece(512, 8, 16384) == 512 and decode._piece(512, 8, 1000) == 64
-    assert decode._piece(512, 8, 0) == 512 and decode._piece(512, 8, 4) == 1
-    np.testing.assert_array_equal(decode._make_set([({"inputs": np.array([[1, 5, 6, 7]]),
+    assert [decode_set._bucket(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    assert decode_set._bucket(5, 6) == 6
+    assert decode_set._piece(512, 8, 16384) == 512 and decode_set._piece(512, 8, 1000) == 64
+    assert decode_set._piece(512, 8, 0) == 512 and decode_set._piece(512, 8, 4) == 1
+    assert decode.Schedule(group_rows=4).group(8) == 4 and decode.Schedule(group_rows=16).group(8) == 8
+    np.testing.assert_array_equal(decode_set._make_set([({"inputs": np.array([[1, 5, 6, 7]]),
                                                       "targets": np.array([[5, 9, 7, 0]]),
                                                       "mask": np.array([[0, 1, 1, 0]])}, None)]).fed,
                                   [[1, 5, 9, 7]])  # answers read back as their targets
@@ -185,7 +188,7 @@ def test_decoding_starts_from_the_evaluations_own_teacher_forcing(monkeypatch):
         np.testing.assert_array_equal(totals[k], plain[k])
     data = decode._eval_set(r.task, r.config, length, root, plan.min_size)
     assert data.fed_is_inputs
-    own_first = decode._first_wrong(decode._single(graphdef, state), data, 1, plan.rows, None)[0]
+    own_first = decode_set._first_wrong(decode_set._single(graphdef, state), data, 1, plan.rows, None)[0]
     np.testing.assert_array_equal(totals["first_error"], own_first)
     assert (own_first < length).any() and totals["first_error"].shape == (plan.num_batches * plan.batch_size,)
 
@@ -197,7 +200,7 @@ def test_decoding_starts_from_the_evaluations_own_teacher_forcing(monkeypatch):
     np.testing.assert_array_equal(a, b)
 
     passes = []
-    first_wrong = decode._first_wrong
-    monkeypatch.setattr(decode, "_first_wrong", lambda *a, **k: passes.append(1) or first_wrong(*a, **k))
+    first_wrong = decode_set._first_wrong
+    monkeypatch.setattr(decode_set, "_first_wrong", lambda *a, **k: passes.append(1) or first_wrong(*a, **k))
     row = evaluate.evaluate_length(model, r.task, r.config, r.spec, length)
     assert passes == [] and row["decoded_accuracy"] == decode.decoded_metrics(a, data.mask)["decoded_accuracy"]

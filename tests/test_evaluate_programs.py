@@ -104,14 +104,14 @@ def test_seeds_evaluated_together_equal_one_model_at_a_time(arg):
 
 
 def test_seeds_decoded_together_equal_one_model_at_a_time():
-    from posenc.training import decode
+    from posenc.training import decode, decode_set, decode_steps
 
     c = tiny_config()
     c.eval.update(batch_size=8, num_batches=2, max_tokens_per_step=64)  # 2 row chunks a batch at 32
     r = prepare.resolve(c)
     models = seed_models(r.spec)
     graphdef, params, rest = evaluate.split_params(models)
-    program = decode._jitted(decode._forced_seeds, ("end",))
+    program = decode_steps._jitted(decode_set._forced_seeds, ("end",))
     compiled = program._cache_size()
     for n in (16, 32):
         plan = evaluate.plan_length(r.task, r.config, n)

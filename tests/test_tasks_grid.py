@@ -88,16 +88,15 @@ def test_training_feeds_the_ids_to_multi_axis_models_only():
 
 
 @pytest.mark.parametrize("prefill", [False, True])
-def test_decoded_answers_with_multi_axis_ids_equal_greedy_full_forwards(prefill, monkeypatch):
+def test_decoded_answers_with_multi_axis_ids_equal_greedy_full_forwards(prefill):
     """The evaluation's cached decoding (groups of rows, per-row ids [N, L, 3]) answers as a greedy loop of
     full forward passes at the same ids."""
-    if prefill:
-        monkeypatch.setattr(decode, "MIN_PREFILL", 4)  # prefill pieces, then steps
+    schedule = decode.Schedule(min_prefill=4) if prefill else decode.Schedule()  # prefill pieces, then steps
     model = helpers.decoder("mrope", vocab_size=12, perturb=0.3, seed=2)
     task = tasks.make("grid_transpose", alphabet=8)
     batch = task.batch(jax.random.key(3), 3, 19, split="train")
     ids = batch["axis_positions"]
-    correct, mask = decode.answer_correctness(model, batch, positions=ids)
+    correct, mask = decode.answer_correctness(model, batch, positions=ids, schedule=schedule)
     forward = nnx.jit(lambda m, t, p: m(t, p))
     inputs, targets, m = (np.asarray(batch[k]) for k in ("inputs", "targets", "mask"))
     want = np.zeros_like(mask)

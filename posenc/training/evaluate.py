@@ -229,9 +229,9 @@ def evaluate_length(model, task, config, spec, length: int, *, mesh=None, stream
     totals = jax.device_get(fn(graphdef, state, placed))
     row = _row(totals, config, length, plan)
     if decodes:
-        correct, mask = decode_lib.eval_correctness(model, task, config, int(length), root=root,
-                                                    min_size=plan.min_size, first_errors=totals["first_error"])
-        row.update(decode_lib.decoded_metrics(correct, mask))
+        answers = decode_lib.eval_answers(model, task, config, int(length), root=root, min_size=plan.min_size,
+                                          first_errors=totals["first_error"])
+        row.update(answers.metrics())
     return row
 
 
@@ -250,7 +250,7 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
     """:func:`evaluate_length` of S models at once: ``params`` stacked [S] (:func:`split_params`).
 
     One compiled, ``jax.vmap``-ed call (one device), and the answers decoded for the S models
-    together (``decode.eval_correctness_seeds``); returns one row per model, each equal to
+    together (``decode.eval_answers_seeds``); returns one row per model, each equal to
     its own :func:`evaluate_length` up to float32 rounding (batched matmuls).
     """
     size = jax.tree.leaves(params)[0].shape[0]
@@ -261,13 +261,13 @@ def evaluate_length_seeds(graphdef, params, rest, task, config, spec, length: in
     root = _root(config, length, stream)
     totals = jax.device_get(fn(graphdef, params, rest, root))
     first = totals.pop("first_error", None)
-    answers = decode_lib.eval_correctness_seeds(graphdef, params, rest, task, config, int(length), root=root,
-                                                min_size=plan.min_size, first_errors=first) if decodes else None
+    answers = decode_lib.eval_answers_seeds(graphdef, params, rest, task, config, int(length), root=root,
+                                            min_size=plan.min_size, first_errors=first) if decodes else None
     out = []
     for j in range(size):
         row = _row(jax.tree.map(lambda x: x[j], totals), config, length, plan)
         if answers:
-            row.update(decode_lib.decoded_metrics(*answers[j]))
+            row.update(answers[j].metrics())
         out.append(row)
     return out
 
