@@ -28,7 +28,7 @@ import sys
 __version__ = "0.1.0"
 
 # the packages whose modules are public as posenc.<name>
-FAMILY_PACKAGES = ("encodings", "encodings.rope", "norms", "attention", "recurrent")
+FAMILY_PACKAGES = ("encodings", "encodings.rope", "norms", "attention", "recurrent", "moe")
 
 _family_cache: dict[str, str] | None = None
 
