@@ -14,8 +14,7 @@ import pytest
 from posenc import studies
 from posenc.configs import extend as extend_config
 from posenc.model import ModelSpec
-from posenc.studies import engine
-from posenc.studies import extend as study
+from posenc.studies import engine, extend_methods, extend_runs
 from posenc.training import finetune, longrope, prepare
 from posenc.workdir import files
 
@@ -39,27 +38,27 @@ def test_every_method_builds_a_valid_config(tiny_study):
     workdir, _ = tiny_study
     base = finetune.load_run(run_dir(workdir, "base_s0"))
     found = longrope.read_factors(os.path.join(run_dir(workdir, "longrope_x2_s0"), "factors.json"))
-    fields = {m: study.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
-    assert set(extend_config.METHODS) == set(study.METHODS)
-    zero = prepare.resolve(study.zero_shot_config(base.resolved.config, fields, 64))
-    assert set(zero.eval_variants) == set(study.METHODS) - {"default", "pose", "drope"}  # those two train
+    fields = {m: extend_methods.method_fields(m, 4, 16, found) for m in extend_config.METHODS}
+    assert set(extend_config.METHODS) == set(extend_methods.METHODS)
+    zero = prepare.resolve(extend_runs.zero_shot_config(base.resolved.config, fields, 64))
+    assert set(zero.eval_variants) == set(extend_methods.METHODS) - {"default", "pose", "drope"}  # those two train
     options = {m: s.position.options["rope"] for m, (_, s) in zero.eval_variants.items()}
     assert options["yarn"]["temperature"] == "paper"
     assert options["yarn_quadratic"]["temperature"] == "quadratic"
     assert options["dynamic"]["factor"] == 1.0 and options["linear"]["factor"] == 4.0
     assert all(o["original_length"] == 16 for m, o in options.items()
-               if m not in ("linear", "ntk") and study.METHODS[m].scaling is not None)
-    # the remappings at s = 4, L = 16: the papers' settings (posenc.studies.extend.METHODS)
+               if m not in ("linear", "ntk") and extend_methods.METHODS[m].scaling is not None)
+    # the remappings at s = 4, L = 16: the papers' settings (posenc.studies.extend_methods.METHODS)
     assert {k: options["self_extend"][k] for k in ("remap", "group", "window", "scaling")} == dict(
         remap="self_extend", group=8, window=8, scaling="default")
     assert (options["leaky_rerope"]["window"], options["leaky_rerope"]["leaky"]) == (4, 8.0)
     assert (options["dual_chunk"]["chunk"], options["dual_chunk"]["local_window"]) == (12, 2)
     assert (options["streaming_llm"]["sinks"], options["streaming_llm"]["window"]) == (4, 11)
-    assert all(o["remap"] == "none" for m, o in options.items() if not study.METHODS[m].remap)
+    assert all(o["remap"] == "none" for m, o in options.items() if not extend_methods.METHODS[m].remap)
     points = {p.name for p in engine.expand(studies.study("extend"), _all_methods())[1]}
     assert "finetune_dual_chunk_x2_s0" in points and "finetune_self_extend_x2_s0" not in points
     for m in ("dynamic_yarn", "llama3", "longrope", "dual_chunk"):  # fine-tunes at 64 keep L = 16
-        ft = prepare.resolve(study.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
+        ft = prepare.resolve(extend_runs.finetune_config(tiny_config(), base.resolved.config, fields[m], 64, 5))
         assert ft.config.task.train_length == 64 and ft.config.train.batch_size == 1  # 4 * 16 / 64
         assert ft.spec.position.options["rope"]["original_length"] in (0, 16)  # 0: unused (dual_chunk)
 
@@ -211,7 +210,7 @@ def test_config_args():
         c = extend_config.get_config(arg)
         engine.expand(studies.study("extend"), c)
         if arg not in ("smoke", "retrieval", "retrieval_full"):
-            assert set(c.methods) == set(study.METHODS)
+            assert set(c.methods) == set(extend_methods.METHODS)
         assert c.finetune.min_lr_ratio == 1.0  # budgets continue each other
         prepare.resolve(c.base)
     c = extend_config.get_config("quick")
@@ -261,7 +260,7 @@ def test_a_hugging_face_checkpoint_is_extended_zero_shot(tmp_path):
     assert {(r["method"], r["eval_length"]) for r in rows} == {(m, n) for m in c.methods for n in (8, 16)}
     # the default method is the checkpoint itself: its loss on the first held-out windows of 8 tokens
     model = hf.load(model_dir)
-    run = study.hf_base(c)
+    run = extend_runs.hf_base(c)
     batch = run.task.sequential_batch(0, 2, 8, split="eval")
     from posenc.training import step
 
@@ -301,15 +300,15 @@ def test_pose_and_drope_fine_tune_at_the_base_length_without_a_zero_shot_point(t
     c = tiny_config()
     c.methods = ("default", "pose", "drope")
     c.finetune_steps = (0, 2)
-    fields = {m: study.method_fields(m, 2, 16) for m in c.methods}
+    fields = {m: extend_methods.method_fields(m, 2, 16) for m in c.methods}
     assert fields["pose"]["train.pose_length"] == 32 and fields["drope"] == {"model.position.kind": "nope"}
     base = prepare.resolve(c.base)
-    zero = prepare.resolve(study.zero_shot_config(base.config, fields, 32))
+    zero = prepare.resolve(extend_runs.zero_shot_config(base.config, fields, 32))
     assert set(zero.eval_variants) == set()  # neither is an evaluation variant
-    pose = prepare.resolve(study.finetune_config(c, base.config, fields["pose"], 32, 2, at_target=False))
+    pose = prepare.resolve(extend_runs.finetune_config(c, base.config, fields["pose"], 32, 2, at_target=False))
     assert pose.config.task.train_length == 16 and pose.train.positions.pose_length == 32
     assert pose.config.train.batch_size == base.config.train.batch_size and pose.config.eval.lengths == (16, 32)
-    drope = prepare.resolve(study.finetune_config(c, base.config, fields["drope"], 32, 2, at_target=False))
+    drope = prepare.resolve(extend_runs.finetune_config(c, base.config, fields["drope"], 32, 2, at_target=False))
     assert drope.spec.position.layer_kinds == ("nope",) * base.spec.num_layers
     workdir = str(tmp_path)
     rows = studies.run("extend", c, workdir)
