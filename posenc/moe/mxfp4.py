@@ -12,9 +12,10 @@ looks the nibbles up in a table of the output dtype and applies
 ``torch.ldexp(sub, scales - 127)``, an exact ``x * 2 ** e`` rounded once to
 the output dtype. Here the same with ``np.ldexp`` in float32: every product
 has at most 2 significant bits and is at least ``2 ** -128``, so float32 and
-bfloat16 hold it exactly unless it overflows to inf (values of 2 ** 128 and
-more: ``s = 255`` gives inf for every nonzero value and keeps zeros, no NaN);
-float16 rounds to nearest even (tiny values to 0), as torch does.
+bfloat16 hold it exactly unless it reaches ``2 ** 128`` and overflows to inf
+(at ``s = 255`` every nonzero value but +-0.5; zeros stay zero, no NaN);
+float16 rounds to nearest even (tiny values to 0, large ones to inf), as
+torch does.
 
 Tensors of a gpt-oss checkpoint, per layer (``mlp.experts.*``)::
 
@@ -26,9 +27,10 @@ Tensors of a gpt-oss checkpoint, per layer (``mlp.experts.*``)::
 ``out.transpose(1, 2).contiguous()`` does, giving ``[E, H, 2I]`` /
 ``[E, I, H]``: ``GptOssExperts``' ``gate_up_proj`` / ``down_proj`` layout,
 which is ``posenc.experts``' layout (gate and up interleaved on the last
-axis, for ``clamped_swiglu``). Both work a bounded number of rows (one
-expert) at a time into a preallocated result, so a loader can stream a
-checkpoint tensor by tensor with little more memory than the result.
+axis, for ``clamped_swiglu``). Both decode a bounded number of rows at a
+time (``rows_per_chunk``; one expert) into a preallocated result, so a loader
+can stream a checkpoint tensor by tensor with little more memory than the
+result.
 
 bfloat16 output needs the ``bfloat16`` NumPy dtype of ``ml_dtypes`` (which
 jax imports): pass ``jnp.bfloat16`` or ``ml_dtypes.bfloat16``. This module
