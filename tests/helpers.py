@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.model import ENCODINGS, Decoder, ModelSpec, conformance, model_config
+from posenc.model import ENCODINGS, Decoder, ModelSpec, model_config, parity
 
-# The library's conformance building blocks (posenc.model.conformance), shared by the tests.
-decode_stepwise = conformance.decode_stepwise
-perturb_params = conformance.perturb_params
+# The library's parity drivers (posenc.model.parity), shared by the tests.
+decode_stepwise = parity.decode_stepwise
+perturb_params = parity.perturb_params
 
 TRAIN_LENGTH = 16  # fills options that take the training length (RoPE original_length, table rows)
 
@@ -64,7 +64,7 @@ def decode_in_pieces(model, tokens, first, max_length):
     @jax.jit
     def run(state, tokens):
         m = nnx.merge(g, state)
-        out, cache = conformance.decode_in_pieces(m, tokens, (first,), max_length)
+        out, cache = parity.decode_in_pieces(m, tokens, (first,), max_length)
         return (m(tokens), out[:, :first], out[:, first:], cache,
                 m(tokens, 77 + 3 * jnp.arange(tokens.shape[1])))
 

@@ -23,7 +23,7 @@ from flax import nnx
 import helpers
 from posenc import alibi, logit_scale
 from posenc.configs import default
-from posenc.model import ENCODINGS, Decoder, Encoding, ModelSpec, conformance
+from posenc.model import ENCODINGS, Decoder, Encoding, ModelSpec, registry
 from posenc.model.attention import AttentionCall, attention, blocked_attention
 from posenc.model.encoding import SPANS
 
@@ -330,7 +330,7 @@ def test_what_validation_accepts_attention_runs_and_vice_versa(kind):
     runs for the unit, and one it refuses attention refuses (traced only: nothing compiles)."""
     q, k, v = _qkv(L, L)
     pos = jnp.arange(L)[None]
-    with conformance.registered(kind) as name:
+    with registry.registered(kind) as name:
         unit = helpers.decoder(name, num_layers=1).blocks[0].attn.encoding
         for span in SPANS:
             try:
@@ -357,7 +357,7 @@ def test_what_validation_accepts_attention_runs_and_vice_versa(kind):
 
 
 def test_a_unit_declaring_a_window_gets_it_in_its_own_attention():
-    with conformance.registered(WindowedMean) as name:
+    with registry.registered(WindowedMean) as name:
         model = helpers.decoder(name, num_layers=1, attention_span="window", attention_window=3)
     q, k, v = _qkv(L, L)
     pos = jnp.arange(L)[None]

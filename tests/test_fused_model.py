@@ -23,7 +23,8 @@ from flax import nnx
 
 import helpers
 from posenc.model import ENCODINGS, Decoder, ModelSpec, fused
-from posenc.model.encoding import overrides, read_options
+from posenc.model.encoding import overrides
+from posenc.model.registry import read_options
 
 B, L = 2, 12
 # Every unit with logit terms in the kernel (the registry decides).

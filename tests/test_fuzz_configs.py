@@ -26,7 +26,7 @@ from posenc import hyper_connections, norm_names, placements, rope, rope_scaling
 from posenc.config import overrides
 from posenc.model import ENCODINGS
 from posenc.model import config as model_config_lib
-from posenc.model.encoding import read_options
+from posenc.model.registry import read_options
 from posenc.tasks import TASKS
 from posenc.training import loop, prepare
 from posenc.training import step as step_lib

@@ -12,7 +12,7 @@ from test_hard_alibi import official_attn_weights
 import helpers
 from posenc.model import ENCODINGS, fused
 from posenc.model.attention import AttentionCall, attention
-from posenc.model.encoding import read_options
+from posenc.model.registry import read_options
 
 B, L, H, K, DH = 1, 10, 4, 2, 12  # DH >= L: the one-hot values may not be wider than q, k
 

@@ -9,8 +9,7 @@ import pytest
 
 import posenc
 from posenc import norm_names, norms, placements, qk_norm
-from posenc.model import ENCODINGS, Encoding, register_encoding
-from posenc.model import encoding as encoding_lib
+from posenc.model import ENCODINGS, Encoding, register_encoding, registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +17,7 @@ CHECKS = [
     (norm_names.check_norm_kind, norms.NORMS, "norm kind"),
     (norm_names.check_placement, placements.PLACEMENTS, "norm placement"),
     (norm_names.check_qk_norm, qk_norm.QK_NORMS, "qk_norm"),
-    (encoding_lib.get, ENCODINGS, "position kind"),
+    (registry.get, ENCODINGS, "position kind"),
 ]
 
 
@@ -121,7 +120,7 @@ def test_a_bias_without_kernel_terms_is_told_once_per_class_when_built_for_an_ac
 
     import helpers
     from posenc.model import ModelSpec, fused
-    from posenc.model.encoding import NoKernelFormWarning
+    from posenc.model.fused import NoKernelFormWarning
 
     class Base(Encoding):
         def bias(self, q_positions, k_positions):
@@ -164,7 +163,7 @@ def test_a_bias_without_kernel_terms_is_told_once_per_class_when_built_for_an_ac
         warnings.simplefilter("error", NoKernelFormWarning)
         for _name, cls in ENCODINGS.items():  # no built-in is told
             if cls.__module__.startswith("posenc.model.encodings."):
-                encoding_lib.tell_no_kernel_form(cls)
+                fused.tell_no_kernel_form(cls)
 
 
 def test_api_docs_describe_every_member_of_the_encoding_protocol():
@@ -173,7 +172,8 @@ def test_api_docs_describe_every_member_of_the_encoding_protocol():
     api = open(os.path.join(ROOT, "docs", "api.md")).read()
     start = api.index("## The encoding protocol")
     section = api[start:api.index("\n## ", start + 1)]
-    members = sorted(n for n in vars(Encoding) if not n.startswith("_"))
+    protocol = [c for c in Encoding.__mro__ if c.__module__.startswith("posenc.model.")]  # its data hooks too
+    members = sorted({n for c in protocol for n in vars(c) if not n.startswith("_")})
     assert {"bias", "prepare", "attention", "update_cache", "relative", "spans"} <= set(members)
     missing = [n for n in members if f"`{n}" not in section]
     assert not missing, f"docs/api.md does not describe Encoding.{', '.join(missing)}"
@@ -184,4 +184,4 @@ def test_an_unknown_kind_points_at_plugins():
     with pytest.raises(ValueError, match=r"unknown position kind 'half_alibi'; choose one of: abacus, .* "
                                          r"\(an encoding of your own registers when its module is "
                                          r"imported: --plugins=MODULE on the command line\)"):
-        encoding_lib.get("half_alibi")
+        registry.get("half_alibi")

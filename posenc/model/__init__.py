@@ -15,8 +15,9 @@ from posenc.model import encodings as _builtins  # noqa: F401  (registers the bu
 from posenc.model.config import model_config
 from posenc.model.conformance import EncodingCheckError, check_encoding
 from posenc.model.decoder import Decoder
-from posenc.model.encoding import ENCODINGS, Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import ENCODINGS, register_encoding
 from posenc.model.spec import ModelSpec
 
 
@@ -28,10 +29,10 @@ def validate_config(config, *, max_length=None) -> ModelSpec:
     """
     spec = ModelSpec.from_config(config)
     if max_length is not None:
-        from posenc.model import encoding
+        from posenc.model import registry
 
         for kind in spec.position.kinds:
-            limit = encoding.get(kind).longest_sequence(spec.position.options[kind])
+            limit = registry.get(kind).longest_sequence(spec.position.options[kind])
             if limit is not None and max_length > limit:
                 raise ValueError(f"length {max_length} exceeds what {kind} can represent "
                                  f"({limit} positions, model.position.{kind})")

@@ -18,7 +18,7 @@ import ml_collections
 from posenc import checks
 from posenc.attention import gated
 from posenc.config.schema import Field, Section, Sub, options_section
-from posenc.model import encoding, options
+from posenc.model import encoding, options, registry
 from posenc.model.attention_call import IMPLS
 from posenc.norms import hyper_connections as hc_lib
 from posenc.norms import norm_names
@@ -48,7 +48,7 @@ def _named(check):
 def _kinds(name, value) -> tuple[str, ...]:
     if not isinstance(value, (tuple, list)):
         raise ValueError(f"{name} must be a tuple of position kinds; got {value!r}")
-    return tuple(_named(encoding.get)(f"{name}[{i}]", k) and k for i, k in enumerate(value))
+    return tuple(_named(registry.get)(f"{name}[{i}]", k) and k for i, k in enumerate(value))
 
 
 def _rules(name, value) -> tuple:
@@ -67,7 +67,7 @@ def _spans(name, value) -> tuple[str, ...]:
 class Position(Section):
     """model.position: the encoding of every layer, randomized positions, one section per encoding."""
 
-    kind = Field("rope", _named(lambda v: encoding.get(v) and v),
+    kind = Field("rope", _named(lambda v: registry.get(v) and v),
                  "any name of posenc.model.ENCODINGS (or a plugin's)")
     layer_kinds = Field((), _kinds, "explicit per-layer kinds (overrides kind in the layers); () = kind "
                                     "everywhere", type=tuple)
@@ -84,7 +84,7 @@ class Position(Section):
     @classmethod
     def entries(cls):
         found = super().entries()
-        for name, unit in sorted(encoding.ENCODINGS.items()):
+        for name, unit in sorted(registry.ENCODINGS.items()):
             opts = options.options_of(unit)
             if opts:
                 section = options_section(f"{unit.__name__}Options", opts,

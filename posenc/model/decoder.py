@@ -21,7 +21,7 @@ from flax import nnx
 
 from posenc.model import cache as cache_lib
 from posenc.model import encoding as encoding_lib
-from posenc.model import streams
+from posenc.model import registry, streams
 from posenc.model.block import Block
 from posenc.model.layers import Norm
 from posenc.model.spec import ModelSpec
@@ -47,7 +47,7 @@ class Decoder(nnx.Module):
         layer_options = pos.layer_options or tuple(pos.options[k] for k in pos.layer_kinds)
 
         def build(kind, options, layer_index=0):
-            cls = encoding_lib.get(kind)
+            cls = registry.get(kind)
             key = (kind, tuple(sorted(options.items())))
             unit = cls(dict(options), d_model=spec.d_model, num_heads=spec.num_heads,
                        num_kv_heads=spec.num_kv_heads, head_dim=spec.unit_head_dim,
@@ -56,10 +56,10 @@ class Decoder(nnx.Module):
             first.setdefault(key, unit)
             return unit
 
-        input_cls = encoding_lib.get(pos.kind)
+        input_cls = registry.get(pos.kind)
         self.input_encoding = (build(pos.kind, pos.options[pos.kind]) if input_cls.acts_at_input()
                                else None)
-        limits = [encoding_lib.get(k).longest_sequence(o) for k, o in pos.units]
+        limits = [registry.get(k).longest_sequence(o) for k, o in pos.units]
         self.max_sequence = min((n for n in limits if n is not None), default=None)
         self.position_axes = pos.axes
         # per unit (input, then layers): reads every axis (else axis 0 of a multi-axis model's)

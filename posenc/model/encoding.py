@@ -1,12 +1,12 @@
-"""The encoding protocol, its registry, and ``register_encoding`` for built-ins and plugins.
+"""The encoding protocol: :class:`Encoding`, the unit attention calls, and what it declares.
 
 An encoding is one self-describing unit: a subclass of :class:`Encoding`
-that declares, in one place, its config name (``register_encoding``), its
-options (``Option`` class attributes: config fields, defaults, checks),
-extra validation (:meth:`Encoding.check`), its NNX parameters
-(:meth:`Encoding.setup`) and the protocol methods below. Where it touches
-attention is read off the methods it overrides, so it is never declared
-twice. The math lives in its pure module (``posenc.<name>``, a module of
+that declares, in one place, its config name (``register_encoding`` of
+``posenc.model.registry``), its options (``Option`` class attributes:
+config fields, defaults, checks), extra validation (:meth:`Encoding.check`),
+its NNX parameters (:meth:`Encoding.setup`) and the protocol methods below.
+Where it touches attention is read off the methods it overrides, so it is
+never declared twice. The math lives in its pure module (``posenc.<name>``, a module of
 ``posenc/encodings``, ``posenc/norms`` or ``posenc/attention``; see ``pure``).
 
 Protocol (every method is a no-op here; attention calls them and never
@@ -51,64 +51,19 @@ branches on the kind):
   (the default for a unit with a ``bias``, and for every unit with content
   logits or values): attention then keeps the XLA path.
 
-Data-dependent units (FoX, stick-breaking, PaTH) use these hooks as well:
+Data-dependent units (FoX, stick-breaking, PaTH) use the hooks :class:`Encoding`
+inherits from ``posenc.model.data_dependent.DataDependentHooks`` as well:
+``prepare``, ``init_state``, ``cached_features``, ``feature_bias``,
+``attention``, ``output`` and ``update_cache`` (terms from the layer input,
+their own attention weights, a decoding state and rewritten cached keys).
 
-- ``prepare(x, q, k, v, positions, *, state) -> (q, k, v, features, state)``:
-  terms computed from the layer input ``x`` [B, L, D] (after the q / k / v
-  projection and the model's QK-norm, before ``qk``): per-token
-  ``features`` (a dict of arrays with the token axis 1, [B, L, ...]: FoX's
-  cumulative log forget gates, PaTH's w and beta, an output gate's logits)
-  and changed q / k / v (FoX (Pro)'s token shift). ``state`` is the unit's
-  decoding state before the first of these tokens and the returned one the
-  state after the last: the KV cache carries it from one decoding call to
-  the next, so that a prefill in pieces equals one pass;
-- ``init_state(batch_size) -> dict``: the state before the first token
-  (zeros; ``{}`` for units without one);
-- ``cached_features`` (class attribute): the names of the features a key
-  needs (FoX's ``c``). Attention gets them for every key (``k_features``;
-  the KV cache keeps them per slot) and every feature of the queries
-  (``q_features``);
-- ``feature_bias(q_features, k_features, *, causal)``: a logit bias [B, H,
-  Lq, Lk] from the features (FoX's ``c_i - c_j``), like ``bias`` computed
-  per (query block, key block), never as a full [L, L] array;
-- ``attention(q, k, v, q_positions, k_positions, call)``: the unit's own
-  attention weights instead of the softmax (stick-breaking, PaTH) ->
-  [B, Lq, H, Dh] (and the stats dict with ``call.stats``); ``call`` is the
-  ``posenc.model.attention.AttentionCall`` (scale, mask, offsets, span,
-  soft-cap, path, features). In the full forward pass ``call.q_offset`` is 0
-  and q, k are the same tokens; when decoding (``call.reads_cache``), k and v
-  are the cache's buffers [B, S, K, Dh], the queries sit at key indices
-  ``q_offset + i`` and the slots from ``kv_length`` on are unused. The spans
-  a layer of the unit may have are :meth:`Encoding.supported_spans` ("full"
-  only for units with their own attention unless they declare ``spans``),
-  the one rule config validation and attention both apply
-  (:meth:`Encoding.check_span`);
-- ``output(out, features)``: change the attention output [B, Lq, H, Dh]
-  before the output projection (FoX (Pro)'s output gate);
-- ``update_cache(k_cache, features, *, start)``: rewrite the cached keys
-  [B, S, K, Dh] after a decoding step's attention (PaTH moves every cached
-  key through the new tokens' transforms); the new tokens' keys sit at
-  slots ``start .. start + T - 1``.
-
-Attention called without features (no layer input, as in a unit test of
-attention alone) gives such a unit its neutral terms: FoX's gates open, PaTH's
-transforms the identity.
-
-Queries and keys may be wider than the values: ``qk_head_dim(options, head_dim=)``
-(a classmethod; the instance's ``qk_dim``) is their width after ``qk`` (PoPE:
-``head_dim + r`` polar features). Attention takes ``q . k`` over that width, the
-values, the output and the logit scale (``1 / sqrt(head_dim)``) keep the model's
-``head_dim``, and a cache of keys transformed once (``static_key``) holds the wider
-keys. A unit whose ``bias`` hides keys (a -1e30 entry: Hard-ALiBi's windows) names
-the option that makes it do so in ``hides_keys(options)``; soft-capping the logits
-(``model.norm.attn_softcap``) would turn that into ``-cap`` and let the keys through,
-so validation refuses the pair.
-
-Facts a unit declares as class attributes: ``full_rows`` (needs every key of
-a query row at once, e.g. CoPE's cumulative gates), ``paper`` (citation for
-the README table), ``pure`` (the pure module, for the API table),
-``relative`` (the logits depend on positions only through differences).
-``seq_len`` (the current length, as HF defines it for length-dependent
+Declarations (classmethods that config validation reads, each documented
+below) say what the unit needs or refuses: the width of q and k after ``qk``
+(``qk_head_dim``: PoPE widens them), the option that makes its ``bias`` hide
+keys, rotate per (query, key) pair or normalise q and k itself, the position
+axes it reads and the longest sequence it encodes. Class facts
+(``full_rows``, ``paper``, ``pure``, ``relative``, ``spans``) are commented
+below. ``seq_len`` (the current length, as HF defines it for length-dependent
 RoPE: the largest position + 1, over the cached keys too in decoding; the
 static L for the default positions 0..L-1, else a traced scalar) is passed
 to every ``qk``; options with ``train_length=True`` (0 = the task's
@@ -132,22 +87,17 @@ docs/api.md ("The encoding protocol") gives every hook's arguments, shapes,
 dtypes and return value and when attention calls it (full forward, blocked
 path, decoding with a cache); ``posenc.model.check_encoding`` runs a unit
 through the properties they must keep. A unit with a ``bias`` but no
-``kernel_terms`` is told once, when a model of it is built for a GPU / TPU
-(:class:`NoKernelFormWarning`), that it runs the XLA path there; on CPU, where
-every unit runs the XLA path, nothing is said.
+``kernel_terms`` runs the XLA path on GPU / TPU
+(``posenc.model.fused.NoKernelFormWarning``).
 """
 
 from __future__ import annotations
 
-import re
-import warnings
 from typing import ClassVar
 
 from flax import nnx
 
-from posenc.model import options as options_lib
-
-ENCODINGS: dict[str, type[Encoding]] = {}
+from posenc.model.data_dependent import DataDependentHooks
 
 # Protocol methods and the attach point each stands for (tables, attention's fast path).
 ATTACH_POINTS = {
@@ -170,7 +120,7 @@ ATTACH_POINTS = {
 SPANS = ("full", "window", "chunk")
 
 
-class Encoding(nnx.Module):
+class Encoding(DataDependentHooks, nnx.Module):
     """NoPE behaviour and the protocol every encoding follows (see the module docstring).
 
     Construction: ``cls(options, d_model=, num_heads=, num_kv_heads=,
@@ -188,7 +138,6 @@ class Encoding(nnx.Module):
     # logits depend on positions only through their differences: adding one offset to every
     # position changes nothing (tests/test_position_invariance.py checks it through the decoder)
     relative: ClassVar[bool] = False
-    cached_features: ClassVar[tuple[str, ...]] = ()  # features every key needs (kept by the cache)
     # attention spans the unit supports; None: every span of SPANS, or "full" only for a unit
     # with its own attention (which then sees the layer's window / chunk itself)
     spans: ClassVar[tuple[str, ...] | None] = None
@@ -401,26 +350,6 @@ class Encoding(nnx.Module):
     def constrain(self) -> None:
         """Project parameters into their domain (after each optimizer update)."""
 
-    # -- data-dependent hooks (see the module docstring) ---------------------------------
-
-    def init_state(self, batch_size: int) -> dict:
-        return {}
-
-    def prepare(self, x, q, k, v, positions, *, state):
-        return q, k, v, {}, state
-
-    def feature_bias(self, q_features, k_features, *, causal):
-        return None
-
-    def attention(self, q, k, v, q_positions, k_positions, call):
-        return None
-
-    def output(self, out, features):
-        return out
-
-    def update_cache(self, k_cache, features, *, start):
-        return k_cache
-
 
 def overrides(cls, method: str) -> bool:
     """Whether ``cls`` defines ``method`` differently from :class:`Encoding`."""
@@ -443,68 +372,3 @@ class Rotation(Encoding):
 
     def static_key(self):
         return True
-
-
-class NoKernelFormWarning(UserWarning):
-    """A unit's bias has no in-kernel form: on GPU / TPU its attention runs the XLA path."""
-
-
-_TOLD: set[type] = set()  # classes already told (once per class)
-
-
-def tell_no_kernel_form(cls) -> None:
-    """Warn once per class that a ``bias`` without ``kernel_terms`` keeps the XLA path on GPU / TPU."""
-    if cls in _TOLD or not overrides(cls, "bias") or overrides(cls, "kernel_terms"):
-        return
-    _TOLD.add(cls)
-    others = [m for m in ("content_logits", "values", "feature_bias", "attention", "output",
-                          "prepare") if overrides(cls, m)]
-    advice = (f" (its {', '.join(others)} keep it there as well)" if others else
-              "; define kernel_terms (posenc.kernels.score_term terms) for the fused kernel")
-    warnings.warn(f"encoding {cls.name!r} ({cls.__module__}.{cls.__qualname__}) has a bias but no "
-                  "kernel_terms: on GPU / TPU its attention runs the XLA path "
-                  f"(posenc.model.attention), not the fused Pallas kernel{advice}",
-                  NoKernelFormWarning, stacklevel=3)
-
-
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-def register_encoding(name: str):
-    """Class decorator: make ``cls`` the encoding called ``name`` in configs.
-
-    ``name`` must be lower_snake_case and new (a plugin cannot replace a
-    built-in). Its options become ``model.position.<name>.<option>`` in
-    configs built afterwards.
-    """
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"encoding name must be lower_snake_case (a-z, 0-9, _); got {name!r}")
-
-    def decorate(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Encoding)):
-            raise TypeError(f"register_encoding({name!r}) decorates Encoding subclasses; got {cls!r}")
-        old = ENCODINGS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"encoding {name!r} is already registered by "
-                             f"{old.__module__}.{old.__qualname__}")
-        if "name" in vars(cls) and cls.name != name:  # one class, two names: subclass it
-            raise ValueError(f"{cls.__qualname__} is already registered as {cls.name!r}")
-        cls.name = name
-        ENCODINGS[name] = cls
-        return cls
-
-    return decorate
-
-
-def get(name) -> type[Encoding]:
-    """The encoding class called ``name``; ValueError listing every registered name."""
-    if not isinstance(name, str) or name not in ENCODINGS:
-        raise ValueError(f"unknown position kind {name!r}; choose one of: {', '.join(sorted(ENCODINGS))} "
-                         "(an encoding of your own registers when its module is imported: "
-                         "--plugins=MODULE on the command line)")
-    return ENCODINGS[name]
-
-
-def read_options(name: str, values, *, prefix: str | None = None) -> dict:
-    """Validated options of encoding ``name`` from its config section (or None: defaults)."""
-    return options_lib.read(get(name), values, prefix=prefix or f"model.position.{name}")

@@ -14,16 +14,22 @@ mask, and ``posenc.kernels.supported`` accepts the shapes and dtype.
 run on GPU (Triton) and TPU (Mosaic); elsewhere the kernel runs in the
 Pallas interpreter, which is exact but slow (for tests), so
 ``attention_impl="auto"`` takes the kernel on accelerators only.
+:func:`tell_no_kernel_form` warns once per class (:class:`NoKernelFormWarning`),
+when a model of it is built for a GPU / TPU, that a unit with a ``bias`` but
+no ``kernel_terms`` runs the XLA path there; on CPU, where every unit runs
+the XLA path, nothing is said.
 Shapes: q [B, Lq, H, Dh]; k, v [B, Lk, K, Dh]; positions int [B | 1, L].
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import jax
 
 from posenc import checks, kernels
+from posenc.model.encoding import overrides
 
 ACCELERATORS = ("gpu", "tpu")
 _forced: list[str] = []  # the innermost force_backend's platform, if any
@@ -62,6 +68,28 @@ def force_backend(backend: str):
 def on_accelerator() -> bool:
     """Whether compiled kernels run here (GPU or TPU)."""
     return platform() in ACCELERATORS
+
+
+class NoKernelFormWarning(UserWarning):
+    """A unit's bias has no in-kernel form: on GPU / TPU its attention runs the XLA path."""
+
+
+_TOLD: set[type] = set()  # classes already told (once per class)
+
+
+def tell_no_kernel_form(cls) -> None:
+    """Warn once per class that a ``bias`` without ``kernel_terms`` keeps the XLA path on GPU / TPU."""
+    if cls in _TOLD or not overrides(cls, "bias") or overrides(cls, "kernel_terms"):
+        return
+    _TOLD.add(cls)
+    others = [m for m in ("content_logits", "values", "feature_bias", "attention", "output",
+                          "prepare") if overrides(cls, m)]
+    advice = (f" (its {', '.join(others)} keep it there as well)" if others else
+              "; define kernel_terms (posenc.kernels.score_term terms) for the fused kernel")
+    warnings.warn(f"encoding {cls.name!r} ({cls.__module__}.{cls.__qualname__}) has a bias but no "
+                  "kernel_terms: on GPU / TPU its attention runs the XLA path "
+                  f"(posenc.model.attention), not the fused Pallas kernel{advice}",
+                  NoKernelFormWarning, stacklevel=4)
 
 
 def _backend():

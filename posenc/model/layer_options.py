@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc import checks
-from posenc.model import encoding
 from posenc.model import options as options_lib
+from posenc.model import registry
 
 SELECTORS = ("every", "layers")
 KEYS = ("every", "offset", "layers", "kind")
@@ -92,7 +92,7 @@ def resolve(rules, layer_kinds: tuple[str, ...]):
         kind = rule.get("kind")
         if kind is not None:
             try:
-                cls = encoding.get(kind)
+                cls = registry.get(kind)
             except ValueError as e:
                 raise ValueError(f"{name}.kind: {e}") from None
             if cls.acts_at_input():
@@ -118,7 +118,7 @@ def resolve(rules, layer_kinds: tuple[str, ...]):
             if head != k:
                 raise ValueError(f"{field} sets an option of {head!r}, but layer {i} has kind {k!r} "
                                  f"(name the layer's kind, e.g. '{k}.<option>')")
-            opts = options_lib.options_of(encoding.get(k))
+            opts = options_lib.options_of(registry.get(k))
             if option not in opts:
                 raise ValueError(f"unknown field {field}: {k} has no option {option!r}; its options "
                                  f"are: {', '.join(sorted(opts)) or '(none)'}")

@@ -27,7 +27,7 @@ import dataclasses
 
 from posenc import checks
 from posenc.model import config as config_lib
-from posenc.model import encoding
+from posenc.model import encoding, registry
 
 SPANS = encoding.SPANS
 
@@ -76,7 +76,7 @@ def _get(cfg, name, default):
 
 def _nope_layers(position, num_layers) -> tuple[bool, ...]:
     per_layer = position.layer_options or tuple(position.options[k] for k in position.layer_kinds)
-    return tuple(encoding.get(k).layer_is_nope(per_layer[i], layer_index=i, num_layers=num_layers)
+    return tuple(registry.get(k).layer_is_nope(per_layer[i], layer_index=i, num_layers=num_layers)
                  for i, k in enumerate(position.layer_kinds))
 
 
@@ -112,7 +112,7 @@ def _spans(cfg, position, num_layers):
             raise ValueError(f"model.{name}={value} is set, but no layer has span {kind!r} "
                              f"(layer spans {spans!r})")
     for i, (s, kind) in enumerate(zip(spans, position.layer_kinds)):
-        encoding.get(kind).check_span(s, where=f"layer {i} has span {s!r}",
+        registry.get(kind).check_span(s, where=f"layer {i} has span {s!r}",
                                       fields="model.layer_spans / model.attention_span")
     return spans, window, chunk
 

@@ -62,8 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from posenc.model import Decoder
-from posenc.model import encoding as encoding_lib
+from posenc.model import Decoder, registry
 from posenc.training import decode as decode_lib
 from posenc.training import eval_step as eval_lib
 from posenc.training import prepare, specs
@@ -74,7 +73,7 @@ def not_applicable(config, spec, length: int) -> str | None:
     """Why evaluation at ``length`` is impossible for this model, or None."""
     pos = spec.position
     for kind in pos.kinds:
-        limit = encoding_lib.get(kind).longest_sequence(pos.options[kind])
+        limit = registry.get(kind).longest_sequence(pos.options[kind])
         if limit is not None and length > limit:
             return f"{kind} encodes {limit} positions (e.g. learned table rows) < eval length {length}"
     if pos.randomized and length > pos.randomized_max_position:

@@ -23,8 +23,7 @@ from absl import logging
 
 from posenc.config import overrides
 from posenc.config.schema import ConfigError  # noqa: F401  (re-exported)
-from posenc.model import ModelSpec
-from posenc.model import encoding as encoding_lib
+from posenc.model import ModelSpec, registry
 from posenc.training import schema, specs
 from posenc.workdir import files, lock, results
 
@@ -78,7 +77,7 @@ def _check_scored_text(task, config) -> None:
 def _prune_sections(config, spec: ModelSpec) -> None:
     pos = config.model.position
     for name in list(pos.keys()):
-        if name in encoding_lib.ENCODINGS and name not in spec.position.kinds:
+        if name in registry.ENCODINGS and name not in spec.position.kinds:
             del pos[name]
 
 
@@ -91,7 +90,7 @@ def _model_spec(config, where: str, *, validated: bool = False) -> ModelSpec:
     # the positions training feeds: 0 .. L - 1, or PoSE's up to train.pose_length - 1
     needed, name = (pose_length, "train.pose_length") if pose_length else (train_length, "task.train_length")
     for kind in spec.position.kinds:
-        limit = encoding_lib.get(kind).longest_sequence(spec.position.options[kind])
+        limit = registry.get(kind).longest_sequence(spec.position.options[kind])
         if limit is not None and limit < needed:
             raise ValueError(f"{where}model.position.{kind} can represent {limit} positions, fewer "
                              f"than {name}={needed}: it needs a row per position")

@@ -6,8 +6,9 @@ from flax import nnx
 
 from posenc.checks import nonnegative_int, one_of, positive, positive_int
 from posenc.encodings import abacus, absolute
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 # The digits 0-9 of the arithmetic tasks (posenc.tasks: ids FIRST_SYMBOL + 0 .. 9), which is
 # also the official tokenizer's ids '0': 4 ... '9': 13.

@@ -2,7 +2,8 @@
 
 from posenc.encodings import alibi
 from posenc.kernels import terms as kernel_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("alibi")

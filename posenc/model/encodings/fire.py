@@ -5,8 +5,9 @@ from flax import nnx
 from posenc.checks import positive, positive_int
 from posenc.encodings import fire
 from posenc.kernels import terms as kernel_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("fire")

@@ -5,9 +5,10 @@ from flax import nnx
 
 from posenc.attention import fox
 from posenc.checks import boolean, one_of, optional, positive
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.layers import lecun_normal, linear
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 _QK_EPS = 1e-5  # the official GroupNorm default (FoX (Pro) QK-norm)
 _OUT_EPS = 1e-6  # the official norm_eps (FoX (Pro) output norm)

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 from posenc.checks import nonnegative_int, optional
 from posenc.encodings import hard_alibi
 from posenc.kernels import terms as kernel_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("hard_alibi")

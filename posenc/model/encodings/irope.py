@@ -8,9 +8,9 @@ configs/default.py sets it, with chunked RoPE layers and QK-norm on them).
 
 from posenc.checks import positive_int
 from posenc.encodings import irope
-from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("irope")

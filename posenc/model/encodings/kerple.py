@@ -5,7 +5,8 @@ from flax import nnx
 
 from posenc.encodings import kerple
 from posenc.kernels import terms as kernel_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
+from posenc.model.registry import register_encoding
 
 
 class _Kerple(Encoding):

@@ -5,8 +5,9 @@ from flax import nnx
 
 from posenc.checks import nonnegative_int
 from posenc.encodings import absolute
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("learned")

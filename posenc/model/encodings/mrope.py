@@ -5,8 +5,9 @@ import jax.numpy as jnp
 from posenc import checks
 from posenc.checks import boolean, one_of, positive
 from posenc.encodings.rope import mrope, rope
-from posenc.model.encoding import Rotation, register_encoding
+from posenc.model.encoding import Rotation
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 def _sections(name, value):

@@ -1,6 +1,7 @@
 """NoPE: no positional encoding; the causal mask alone carries order."""
 
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("nope")

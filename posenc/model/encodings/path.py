@@ -12,9 +12,10 @@ from posenc.attention import path as pa
 from posenc.checks import nonnegative_int, optional, positive_int
 from posenc.model import attention as attn_lib
 from posenc.model import cache as cache_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.layers import lecun_normal, linear
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 from posenc.norms import norms
 
 

@@ -7,8 +7,9 @@ from posenc import checks
 from posenc.checks import one_of, positive
 from posenc.encodings import pope
 from posenc.encodings.rope import rope
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 def _fraction(name, value):

@@ -6,8 +6,9 @@ from flax import nnx
 from posenc import checks
 from posenc.checks import nonnegative_int, positive
 from posenc.encodings import position_coupling as coupling
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 def _levels(name, value):

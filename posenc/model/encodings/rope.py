@@ -24,8 +24,9 @@ from posenc import checks
 from posenc.checks import boolean, nonnegative_int, one_of, optional, positive, positive_floats
 from posenc.encodings.rope import dual_chunk, rerope, rope, rope_scaling, self_extend, string_shift
 from posenc.encodings.rope import sinks as sinks_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 class Remap(typing.NamedTuple):

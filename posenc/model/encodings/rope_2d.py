@@ -5,8 +5,9 @@ from flax import nnx
 
 from posenc.checks import boolean, one_of, optional, positive
 from posenc.encodings.rope import mrope, rope
-from posenc.model.encoding import Rotation, register_encoding
+from posenc.model.encoding import Rotation
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 VARIANTS = ("axial", "mixed")
 BASES = {"axial": 100.0, "mixed": 10.0}  # rope-vit's rope_theta of each variant

@@ -6,8 +6,9 @@ from flax import nnx
 
 from posenc.checks import positive_int
 from posenc.encodings import shaw
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("shaw")

@@ -2,8 +2,9 @@
 
 from posenc.checks import one_of, positive
 from posenc.encodings import absolute
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("sinusoidal")

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 from posenc.attention import stickbreaking as sb
 from posenc.checks import boolean
 from posenc.model import attention as attn_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 from posenc.norms import norms
 
 

@@ -6,8 +6,9 @@ from flax import nnx
 from posenc.checks import boolean, positive_int
 from posenc.encodings import t5
 from posenc.kernels import terms as kernel_lib
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("t5")

@@ -6,8 +6,9 @@ from flax import nnx
 from posenc.checks import one_of
 from posenc.encodings import transformer_xl
 from posenc.encodings.rope import rope
-from posenc.model.encoding import Encoding, register_encoding
+from posenc.model.encoding import Encoding
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("transformer_xl")

@@ -3,9 +3,9 @@
 from posenc.checks import one_of, positive
 from posenc.encodings import xpos
 from posenc.encodings.rope import rope
-from posenc.model.encoding import register_encoding
 from posenc.model.encodings.rope import RoPE
 from posenc.model.options import Option
+from posenc.model.registry import register_encoding
 
 
 @register_encoding("xpos")
