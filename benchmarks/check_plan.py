@@ -83,7 +83,7 @@ def _host_flops_per_s(config) -> float:
 
 def stages(args) -> list[dict]:
     """The plan's rows: stage, what, flops, h200_s, this_host_s (None where nothing is computed)."""
-    from accelerator_check import ADDITION, EVAL_LENGTHS, PEERS, TRAIN_FIRST
+    from check_stages import ADDITION, EVAL_LENGTHS, PEERS, TRAIN_FIRST
 
     g = _config("benchmarks/cases.py:G")
     g_len, g_batch = int(g.task.train_length), int(args.batch or g.train.batch_size)
