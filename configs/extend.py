@@ -34,7 +34,7 @@ Fields:
     base_run           a finished run's workdir to extend instead of training
                        `base` (RoPE without scaling; its own seed)
     seeds              train.seed of each base run
-    methods            names of posenc.studies.extend.METHODS: default (no scaling,
+    methods            names of posenc.studies.extend_methods.METHODS: default (no scaling,
                        extrapolation), linear (PI), ntk, dynamic (dynamic NTK,
                        s = n / L), yarn (temperature "paper": sqrt(1/t) = 0.1 ln s
                        + 1, as the paper and HF), yarn_quadratic (t = 1 + 0.1 ln s
@@ -43,7 +43,7 @@ Fields:
                        training-free remappings (model.position.rope.remap, zero-shot
                        only but dual_chunk): self_extend, rerope, leaky_rerope,
                        dual_chunk, string, streaming_llm, lm_infinite, with the
-                       papers' settings at (s, L) (posenc.studies.extend.METHODS);
+                       papers' settings at (s, L) (posenc.studies.extend_methods.METHODS);
                        and two that train, fine-tune only, at L: pose (PoSE's
                        positions skipping over s L, train.pose_length) and drope
                        (the base with RoPE removed, recalibrated)
