@@ -17,17 +17,27 @@ import pytest
 from flax import nnx
 
 import posenc
-from posenc import norm_names
+from posenc import norm_names, placements
 from posenc.model import ENCODINGS, Encoding, EncodingCheckError, check_encoding, conformance
 from posenc.model import config as model_config
 from posenc.model import spec as model_spec
+from posenc.model.registry import read_options
 
 _PLACEMENTS = itertools.cycle(norm_names.PLACEMENTS)
 _NORMS = itertools.cycle(norm_names.NORM_KINDS)
 # attention sinks join a softmax: units with their own weights take none
 _SINKS = itertools.cycle(model_config.SINKS)
 _GATES = itertools.cycle(("none", *model_config.GATES))  # every other unit gated
-CASES = [(kind, next(_PLACEMENTS), next(_NORMS),
+
+
+def _placement(kind):
+    """The next placement of the cycle that takes ``kind``: nGPT normalises q and k, which a unit that
+    counter-scales them (xPos) refuses (Encoding.counter_scales_qk)."""
+    refused = ENCODINGS[kind].counter_scales_qk(read_options(kind, None))
+    return next(p for p in _PLACEMENTS if not (refused and placements.PLACEMENTS[p].sphere))
+
+
+CASES = [(kind, _placement(kind), next(_NORMS),
           "none" if ENCODINGS[kind].own_attention() else next(_SINKS), next(_GATES))
          for kind in sorted(ENCODINGS)]  # plugins included
 OPTIONS = {"irope": dict(nope_every=2)}  # a NoPE layer among the 2

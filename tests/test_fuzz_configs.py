@@ -109,8 +109,8 @@ def valid_fields(draw):
     unit, opts = ENCODINGS[kind], read_options(kind, None)
     if placements.PLACEMENTS[f["model.norm.placement"]].sphere:  # nGPT: its own scales, nothing else
         widened = unit.qk_head_dim(opts, head_dim=head_dim) != head_dim
-        if unit.own_qk_norm(opts) or unit.rotates_in_attention(opts) or widened:
-            f["model.norm.placement"] = "pre"  # a unit whose q, k nGPT cannot scale
+        if unit.own_qk_norm(opts) or unit.rotates_in_attention(opts) or widened or unit.counter_scales_qk(opts):
+            f["model.norm.placement"] = "pre"  # a unit whose q, k nGPT cannot scale (or normalise: xPos)
         else:
             f.update({"model.mlp": "swiglu", "model.num_kv_heads": 0, "model.norm.qk_norm": "none",
                       "model.norm.v_norm": False, "model.norm.embed_scale": False,

@@ -60,7 +60,8 @@ their own attention weights, a decoding state and rewritten cached keys).
 Declarations (classmethods that config validation reads, each documented
 below) say what the unit needs or refuses: the width of q and k after ``qk``
 (``qk_head_dim``: PoPE widens them), the option that makes its ``bias`` hide
-keys, rotate per (query, key) pair or normalise q and k itself, the position
+keys, rotate per (query, key) pair or normalise q and k itself, whether it
+scales q and k by reciprocal factors (``counter_scales_qk``), the position
 axes it reads and the longest sequence it encodes. Class facts
 (``full_rows``, ``paper``, ``pure``, ``relative``, ``spans``) are commented
 below. ``seq_len`` (the current length, as HF defines it for length-dependent
@@ -295,6 +296,20 @@ class Encoding(DataDependentHooks, nnx.Module):
         cannot follow such a rotation: validation refuses the pair, naming this option.
         """
         return ""
+
+    @classmethod
+    def counter_scales_qk(cls, options: dict) -> bool:
+        """Whether ``qk`` scales queries and keys by reciprocal per-dimension factors that cancel only in
+        ``q . k`` (xPos: zeta_i^((m - c) / scale_base) on a query at m, the inverse at a key at n).
+
+        Such factors leave ``q . k`` a function of m - n only, whatever the common offset c the unit
+        picks (xPos centres it between the queries and keys in a full forward and puts it at the
+        query when decoding). A norm of the transformed q and k (placement ``ngpt``,
+        ``model.norm.qk_norm_after_rope``) divides each by a length that does depend on c, so the
+        logits would depend on an arbitrary choice, and cached decoding would differ from the full
+        forward: validation refuses both.
+        """
+        return False
 
     @classmethod
     def layer_is_nope(cls, options: dict, *, layer_index: int, num_layers: int) -> bool:

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from posenc.model import fused, registry
 
+# Why a norm of q and k may not follow a unit that counter-scales them (Encoding.counter_scales_qk).
+_COUNTER_SCALED = ("it scales q and k by reciprocal factors about an offset that cancels only in q . k, and "
+                   "normalising the scaled q and k makes the logits depend on that offset (cached decoding "
+                   "would differ from the full forward)")
+
 
 def check_qk_norm(position, norm, *, head_dim) -> None:
     """A unit that normalises q and k itself (FoX (Pro)) and model.norm.qk_norm (or a placement that
     normalises q, k, v: HybridNorm) would do it twice; a unit that rotates inside attention (a
-    remapped RoPE) leaves no rotated q, k to normalise, and one that widens them (PoPE) leaves q, k
-    wider than the norm's head_dim scales."""
+    remapped RoPE) leaves no rotated q, k to normalise, one that widens them (PoPE) leaves q, k
+    wider than the norm's head_dim scales, and one that counter-scales them (xPos) would see its
+    offset left in the logits of a QK-norm after it."""
     if norm.qkv_norm:
         _check_twice(position, f"model.norm.placement={norm.placement!r}", "choose another placement")
     if norm.qk_norm == "none":
@@ -33,6 +39,9 @@ def check_qk_norm(position, norm, *, head_dim) -> None:
             raise ValueError(f"model.norm.qk_norm_after_rope=True and model.position.{k}.{field}="
                              f"{opts[field]!r} cannot be combined (layer {i} rotates q and k per "
                              "(query, key) pair inside attention); set qk_norm_after_rope=False")
+        if registry.get(k).counter_scales_qk(opts) and norm.qk_norm_after_rope:
+            raise ValueError(f"model.norm.qk_norm_after_rope=True cannot follow position kind {k!r} (layer {i}): "
+                             f"{_COUNTER_SCALED}; set qk_norm_after_rope=False")
     _check_twice(position, f"model.norm.qk_norm={norm.qk_norm!r}", "set model.norm.qk_norm='none'")
 
 
@@ -70,7 +79,8 @@ def check_sinks(sinks: str, position) -> None:
 
 def check_sphere(position, *, head_dim) -> None:
     """nGPT (placement ngpt) normalises the rotated q and k of every head and scales them by s_qk [d]:
-    a unit that normalises or rotates them inside attention, or widens them, leaves nothing to scale."""
+    a unit that normalises or rotates them inside attention, or widens them, leaves nothing to scale,
+    and one that counter-scales them (xPos) would see its offset left in the normalised logits."""
     for i, (k, opts) in enumerate(zip(position.layer_kinds, position.layer_options)):
         unit = registry.get(k)
         field = unit.own_qk_norm(opts) or unit.rotates_in_attention(opts)
@@ -78,6 +88,9 @@ def check_sphere(position, *, head_dim) -> None:
             raise ValueError(f"model.norm.placement='ngpt' scales the rotated queries and keys, which position "
                              f"kind {k!r} (layer {i}) {'normalises or rotates inside attention' if field else 'widens'}"
                              f"{f' (model.position.{k}.{field})' if field else ''}; choose another kind")
+        if unit.counter_scales_qk(opts):
+            raise ValueError(f"model.norm.placement='ngpt' cannot be combined with position kind {k!r} (layer {i}): "
+                             f"{_COUNTER_SCALED}; choose another kind or placement")
 
 
 def check_kernel_form(impl: str, position) -> None:

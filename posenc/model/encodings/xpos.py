@@ -17,6 +17,18 @@ class XPos(RoPE):
     when decoding), so logits depend only on position differences and stay in
     float32 range: one call spans up to 2 * posenc.xpos.max_distance positions
     (54,390 at the defaults); longer sequences are refused before tracing.
+
+    The offset cancels only in q . k, so nothing may normalise the scaled q
+    and k (:meth:`counter_scales_qk`): nGPT (placement ``ngpt``) and
+    ``model.norm.qk_norm_after_rope`` divide each by its length, and
+    ||zeta^((m - c) / scale_base) * R_m q|| weighs the pairs i by factors
+    that move with c, unevenly (zeta_0 = 2/7, zeta_(d/2-1) ~ 1 at the
+    defaults). The normalised logits then depend on c: a full forward (c the
+    centre) and cached decoding (c the query) of the same tokens differ (7e-5
+    on 11 tokens, and by order 1 once queries and keys lie thousands of
+    positions apart), so neither is the model. The factors reach 2^96, and
+    a norm squares them past float32 range as well. Validation refuses both
+    combinations before anything compiles.
     """
 
     relative = True
@@ -32,6 +44,10 @@ class XPos(RoPE):
             raise ValueError(f"{prefix}.remap={options['remap']!r}: xPos's scaled keys have no "
                              "remapped form; a remapping takes position kind 'rope' (or 'irope')")
         super().check(options, prefix=prefix, **kw)
+
+    @classmethod
+    def counter_scales_qk(cls, options):
+        return True
 
     @classmethod
     def longest_sequence(cls, options):
