@@ -5,6 +5,7 @@ bad value is refused in one line before anything compiles."""
 
 import importlib
 import itertools
+import re
 
 import jax
 import numpy as np
@@ -145,3 +146,42 @@ def test_a_bad_value_is_refused_in_one_line(value):
     assert "\n" not in text and "eval.decode_rows" in text and repr(value) in text and "'all'" in text
     for good in ("all", 2, 64):
         assert resolved(decode_rows=good).config.eval.decode_rows == good
+
+
+def _run_row(seed, n, acc, *, k, failing, se):
+    return dict(task="copy", position="rope", norm="rms", placement="pre", seed=seed, train_length=16,
+                eval_length=n, loss=0.5, accuracy=acc, exact_match=0.0, steps=10, decoded_accuracy=acc,
+                decoded_exact_match=0.0, decoded_rows=k, failing_rows=failing, decoded_accuracy_se=se,
+                config_hash=f"copy-rope-{seed}".ljust(64, "0"))
+
+
+def test_tables_show_the_sampling_error_of_a_sampled_decoded_accuracy():
+    from posenc.studies import compare_report as report
+    from posenc.studies import tables
+
+    rows = [_run_row(s, 16, 0.9, k=3, failing=3, se=0.0) for s in (0, 1)]  # every failing row decoded
+    rows += [_run_row(s, 64, 0.3 + 0.1 * s, k=32, failing=100, se=0.03 + 0.01 * s) for s in (0, 1)]
+    assert tables.sampled(rows[:2]) is None
+    k, failing, half = tables.sampled(rows[2:])
+    assert (k, failing) == (64, 200) and half == pytest.approx(1.96 * np.hypot(0.03, 0.04) / 2)
+    text = report.table_markdown(rows)
+    assert "[sampled 64/200 rows +-0.049]" in text and len(re.findall(r"\[sampled \d", text)) == 1  # 64 only
+    assert tables.SAMPLED_NOTE in text
+    teacher = text.split("teacher-forced, for comparison")[1]
+    assert "sampled" not in teacher  # the teacher-forced accuracy is never sampled
+    assert "[sampled]" in report.aggregate_markdown(rows)
+    full = [dict(r, decoded_rows=r["failing_rows"], decoded_accuracy_se=0.0) for r in rows]
+    assert "sampled" not in report.table_markdown(full) + report.aggregate_markdown(full)
+    old = [{k: v for k, v in r.items() if k not in ("decoded_rows", "failing_rows", "decoded_accuracy_se")}
+           for r in rows]  # rows written before the fields existed
+    assert "sampled" not in report.table_markdown(old)
+
+
+def test_the_run_log_line_says_when_decoded_accuracy_is_estimated():
+    from posenc.training import finish
+
+    row = dict(loss=1.0, accuracy=0.6, exact_match=0.1, decoded_accuracy=0.5, decoded_exact_match=0.1,
+               decoded_rows=32, failing_rows=128, decoded_accuracy_se=0.01)
+    assert "decoded accuracy=0.5000 (estimated: 32 of 128 failing rows decoded, standard error 0.0100) " \
+           "exact match=0.1000;" in finish.describe(row)
+    assert "estimated" not in finish.describe(dict(row, decoded_rows=128, decoded_accuracy_se=0.0))

@@ -22,6 +22,11 @@ that are not applicable (e.g. a learned table past its rows) print
 mean of the other seeds), cells whose every run did not fit ``not
 fitted (k)``.
 
+A decoded accuracy estimated from a sample of the rows with an error
+(``eval.decode_rows``, :mod:`posenc.training.decode_sample`) says so in its
+cell: ``[sampled k/F rows +-h]``, ``h`` the 95% half-width of the sampling
+error of the cell's mean (:func:`posenc.studies.tables.sampled`).
+
 Main metric: accuracy (exact match alongside); for ``text`` the
 log-perplexity (loss, nats per token) over all tokens and over the last L
 (training length) tokens of each window, perplexity alongside, under a
@@ -158,7 +163,7 @@ def cell_stats(group: list[dict], *, include_unfitted: bool = False, only_unfitt
         use = group if include_unfitted else [r for r in group if r.get("fitted") is not False]
     stats = {m: interval([r[m] for r in use if r.get(m) is not None]) for m in METRICS}
     stats.update(diverged=sum(r.get("diverged_at_step") is not None for r in group), unfitted=unfitted,
-                 runs=len(group))
+                 runs=len(group), sampled=tables.sampled(use))  # decoded accuracy from a sample of rows
     return stats
 
 
@@ -207,6 +212,9 @@ def _cell(stats: dict, metric: str, extra: tuple | None = None) -> str:
     text = tables.number(main, metric=metric)
     if extra is not None and stats.get(extra[0]) is not None:
         text += f" ({extra[1]} {stats[extra[0]][0]:.{extra[2]}f})"
+    if metric == "decoded_accuracy" and stats.get("sampled"):
+        k, failing, half = stats["sampled"]
+        text += f" [sampled {k}/{failing} rows +-{half:.3f}]"
     if diverged:
         text += f" [{diverged} diverged]"
     if unfitted:
@@ -263,7 +271,8 @@ def _task_tables(task: str, table: dict, sweeps: dict, rs: list[dict], include_u
             lines += [f"### {task}: teacher-forced, for comparison", ""]
         lines += [_caption(DESCRIBE.get(m, m), seeds, train_lengths, extra=", exact match (EM) in brackets",
                            **caption) + ("; columns: problem sizes n (the labels' token lengths differ), "
-                                         "* = the training size" if sized else ""), ""]
+                                         "* = the training size" if sized else "")
+                  + (f"; {tables.SAMPLED_NOTE}" if m == "decoded_accuracy" and tables.sampled(rs) else ""), ""]
         lines += _grid({label: {n: _cell(s, m, (exact_of(m), "EM", 2)) for n, s in table[label].items()}
                         for label in sorted(table)}, lengths, marked, "encoding", **sized)
     for option, by_label in sweeps.items():
@@ -312,8 +321,9 @@ def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
     (so bins give the mean over every test size, as Delétang et al.; lengths
     with no value, e.g. n/a, are skipped); a cell has
     ``stat`` ((mean, half_width, n) or None), ``unfitted``, ``diverged``,
-    ``lengths`` (the most OOD lengths a run's score averages) and
-    ``ood_lengths`` (how many there are). Tasks whose main metric is not
+    ``lengths`` (the most OOD lengths a run's score averages),
+    ``ood_lengths`` (how many there are) and ``sampled`` (a decoded accuracy
+    in it estimated from a sample of rows). Tasks whose main metric is not
     accuracy (text) and sweep rows are left out.
     """
     out = {}
@@ -341,8 +351,10 @@ def aggregate(rows: list[dict], *, include_unfitted: bool = False) -> dict:
                     # a length's score counts once per problem size its bin holds: the mean over sizes
                     scores.append(float(np.average([v for v, _ in values], weights=[w for _, w in values])))
                     used = max(used, len(values))
+            beyond = [r for g in by_run.values() for r in g if r["eval_length"] > r["train_length"]]
             table[label] = dict(stat=interval(scores), unfitted=unfitted, diverged=diverged, lengths=used,
-                                ood_lengths=len(ood), metric=metric)
+                                ood_lengths=len(ood), metric=metric,  # sampled: a decoded accuracy estimated
+                                sampled=metric == "decoded_accuracy" and tables.sampled(beyond) is not None)
         if table:
             out[task] = table
     return out
@@ -373,6 +385,8 @@ def _aggregate_cell(cell: dict | None) -> str:
         notes.append(f"{cell['diverged']} diverged")
     if stat is not None and cell["unfitted"]:
         notes.append(f"{cell['unfitted']} unfitted")
+    if stat is not None and cell.get("sampled"):
+        notes.append("sampled")
     return text + "".join(f" [{n}]" for n in notes)
 
 
@@ -389,7 +403,10 @@ def aggregate_markdown(rows: list[dict], *, include_unfitted: bool = False) -> s
              f"its training length, then over seeds: {tables.INTERVAL_NOTE}; [k/m lengths]: only k of the m "
              "longer lengths have a value (n/a ones are skipped)"
              + ("; [k unfitted]: k runs did not reach train.fit_accuracy, "
-                + ("included" if include_unfitted else "left out") if fitting else "") + ".", "",
+                + ("included" if include_unfitted else "left out") if fitting else "")
+             + ("; [sampled]: decoded accuracies estimated from a sample of the rows with an error "
+                "(eval.decode_rows; table.md gives each one's sampling error)"
+                if any(c.get("sampled") for t in agg.values() for c in t.values()) else "") + ".", "",
              "| level | task | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
     for task in ordered_tasks(agg, rows):
         level = task_level(task, rows) or ""

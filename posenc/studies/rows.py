@@ -50,6 +50,12 @@ RUN_FIELDS = {
                    "length)", "eval_rows_per_step": "rows per evaluation forward (memory bound)",
     "decoded_accuracy": "answer-token accuracy of the greedy generated answer (eval.decode; null: off)",
     "decoded_exact_match": "fraction of examples whose generated answer is entirely right (eval.decode)",
+    "failing_rows": "examples with a wrong answer token under teacher forcing along what decoding reads: the rows "
+                    "that need decoding (the others are right decoded)",
+    "decoded_rows": "of them decoded (eval.decode_rows: all, or a seeded sample); fewer than failing_rows: "
+                    "decoded_accuracy is estimated from the sample, decoded_exact_match stays exact",
+    "decoded_accuracy_se": "standard error of decoded_accuracy from sampling the failing rows (0: all decoded; "
+                           "posenc.training.decode_sample)",
     "problem_size": "the evaluation problem size (synthetic tasks; the bin's largest)",
     "problem_size_min": "the smallest problem size evaluated at this length (eval.sizes)",
     "problem_size_max": "the largest problem size evaluated at this length",

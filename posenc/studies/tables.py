@@ -8,6 +8,7 @@ markdown grid, and every file is written atomically (:mod:`posenc.workdir.files`
 from __future__ import annotations
 
 import collections
+import math
 
 from posenc.workdir import files
 
@@ -17,6 +18,10 @@ BOUNDS = {"accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "decoded_accuracy":
           "perplexity": (1.0, None), "perplexity_last_L": (1.0, None)}
 INTERVAL_NOTE = ("mean [95% t-interval over seeds, clipped to the metric's range] {min-max over seeds}; "
                  "one seed: the value alone")
+SAMPLED_NOTE = ("[sampled k/F rows +-h]: decoded accuracy estimated from k of the F examples with an error "
+                "(eval.decode_rows; summed over the cell's seeds), without bias; h: the 95% half-width of that "
+                "sampling error alone, 1.96 sqrt(sum of the seeds' decoded_accuracy_se^2) / seeds (already inside "
+                "the seeds' spread and t-interval); the exact match is never sampled")
 
 
 def number(stat, digits: int = 3, *, metric: str | None = None, spread: bool = True) -> str:
@@ -36,6 +41,20 @@ def number(stat, digits: int = 3, *, metric: str | None = None, spread: bool = T
         d = max(digits - 1, 2)
         text += f" {{{stat.low:.{d}f}-{stat.high:.{d}f}}}"
     return text
+
+
+def sampled(rows) -> tuple[int, int, float] | None:
+    """``(decoded rows, failing rows, h)`` of the rows of a cell whose decoded accuracy was estimated from a
+    sample of their failing rows (eval.decode_rows; :data:`SAMPLED_NOTE`), None where every row was decoded.
+
+    ``h``: the 95% half-width of the sampling error of the cell's mean, ``1.96 sqrt(sum se_s^2) / n``
+    over its ``n`` rows with a decoded accuracy (``se_s``: each row's ``decoded_accuracy_se``).
+    """
+    use = [r for r in rows if r.get("decoded_accuracy") is not None and r.get("failing_rows") is not None]
+    if not any(r["decoded_rows"] < r["failing_rows"] for r in use):
+        return None
+    half = 1.96 * math.sqrt(sum((r.get("decoded_accuracy_se") or 0.0) ** 2 for r in use)) / len(use)
+    return sum(r["decoded_rows"] for r in use), sum(r["failing_rows"] for r in use), half
 
 
 def order(rows, key) -> list:

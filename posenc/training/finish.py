@@ -49,8 +49,11 @@ def describe(row: dict) -> str:
                 f"next-token accuracy={_fmt(row['accuracy'])}")
     parts = []
     if row.get("decoded_accuracy") is not None:
+        sampled = row.get("decoded_rows") is not None and row["decoded_rows"] < row["failing_rows"]
         parts.append(f"decoded accuracy={_fmt(row['decoded_accuracy'])} "
-                     f"exact match={_fmt(row.get('decoded_exact_match'))}")
+                     + (f"(estimated: {row['decoded_rows']} of {row['failing_rows']} failing rows decoded, "
+                        f"standard error {_fmt(row['decoded_accuracy_se'])}) " if sampled else "")
+                     + f"exact match={_fmt(row.get('decoded_exact_match'))}")
     parts.append(f"teacher-forced accuracy={_fmt(row['accuracy'])} exact match={_fmt(row['exact_match'])}")
     return "; ".join(parts + [f"loss={_fmt(row['loss'])}"])
 
