@@ -9,7 +9,14 @@ addition (Kazemnejad et al. 2023, McGill-NLP/length-generalization
 ``make_addition_dataset.py``): ``BOS a + b = c EOS``. One operand has n
 digits, the other m ~ U{1..n} (which one is a coin flip); a number of d > 1
 digits is uniform over ``[10^(d-1), 10^d)``, of one digit over ``[0, 10)``
-(independent digit counts, no leading zeros, as the builder). ``format``:
+(independent digit counts, no leading zeros, as the builder).
+``operand_lengths="independent"`` (Cho et al. 2024, HanseulJo/position-coupling
+``AdditionDataset``: ``torch.randint(min_n_digits, max_n_digits + 1, size=(2,))``)
+draws the two lengths independently, each uniform over the batch's sizes
+[smallest, largest] (training: [1 or task.min_size, n_max]; evaluation at
+exact sizes: both operands n digits, as their test sets); the problem size is
+then the longer operand's digits (no longer uniform at training), and
+``zero_pad`` pads to it. ``format``:
 
 - ``msd`` (default, Kazemnejad et al.): a, b and c most significant digit
   first, c without leading zeros. 57 + 8 = 65: ``BOS 5 7 + 8 = 6 5 EOS``;
@@ -72,6 +79,7 @@ from posenc.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, WORD, Task, check_int
 PLUS = FIRST_SYMBOL + 10
 GREATER = FIRST_SYMBOL + 11  # '>' between the scratchpad's sums
 FORMATS = ("msd", "reversed_output", "reversed", "reversed_padded")
+OPERAND_LENGTHS = ("one_at_n", "independent")  # the module docstring
 _SOURCE = ("Kazemnejad et al. 2023 (make_addition_dataset.py: the default format); Lee et al. 2023; "
            "McLeish et al. 2024 (mcleish7/arithmetic); Cho et al. 2024 (HanseulJo/position-coupling); "
            "Zhou et al. 2024 (index hints)")
@@ -91,10 +99,13 @@ class Addition(Task):
     description = "BOS a + b = c EOS, operands of up to n digits; most significant digit first by default"
     source = _SOURCE
     split_aware = True
+    size_aware = True  # operand_lengths="independent" draws from the batch's smallest size
 
     def __init__(self, *, format: str = "msd", zero_pad: bool = False, index_hints: bool = False,
-                 hints: int = 102, coupled: bool = False, max_position: int = 0, seed: int = 0):
+                 hints: int = 102, coupled: bool = False, max_position: int = 0,
+                 operand_lengths: str = "one_at_n", seed: int = 0):
         self.format = checks.choice("format", format, FORMATS)
+        self.operand_lengths = checks.choice("operand_lengths", operand_lengths, OPERAND_LENGTHS)
         self.zero_pad = checks.boolean("zero_pad", zero_pad)
         self.index_hints = checks.boolean("index_hints", index_hints)
         self.hints = check_int("hints", hints, minimum=1)
@@ -110,6 +121,9 @@ class Addition(Task):
             _unused("addition", "hints", self.hints, 102, "index_hints=True")
         if not self.coupled:
             _unused("addition", "max_position", self.max_position, 0, "coupled=True")
+        if self.format == "reversed_padded" and self.operand_lengths != "one_at_n":
+            raise ValueError("task 'addition': format='reversed_padded' has two n-digit operands; "
+                             f"operand_lengths={self.operand_lengths!r} applies to msd, reversed_output and reversed")
         self.symbols = tuple("0123456789") + ("+",) + (dg.hint_symbols(self.hints) if self.index_hints
                                                        else ())
         super().__init__(seed=seed)
@@ -124,6 +138,11 @@ class Addition(Task):
     def law(self) -> str:
         return "6 * n + 6" if self.index_hints else "3 * n + 5"
 
+    @property
+    def fresh_draws(self) -> int:
+        # the hint offset and the coupled start id: drawn at every visit, as the official __getitem__
+        return int(self.index_hints) + int(self.coupled)
+
     def seq_len(self, n: int) -> int:
         return 6 * n + 6 if self.index_hints else 3 * n + 5
 
@@ -131,12 +150,11 @@ class Addition(Task):
     def _reverse_output(self) -> bool:
         return self.format != "msd"
 
-    def batch(self, key, batch_size, length, *, min_size=None, split="train"):
+    def check_sizes(self, length, split):
         if self.coupled:
             n = self.max_size(length)
             dg.check_max_position(self.name, "max_position", self.max_position,
                                   n + 2 + (not self._reverse_output), size=n, split=split)
-        return super().batch(key, batch_size, length, min_size=min_size, split=split)
 
     def _bounds(self, max_n):
         cap = max_n + 1
@@ -146,7 +164,7 @@ class Addition(Task):
             bounds = [10] * cap + [9] + [10] * cap + [9] + [WORD, 2]
         return bounds + [self.hints] * self.index_hints + [WORD] * self.coupled
 
-    def _example(self, draws, n, max_n, width, *, train):
+    def _example(self, draws, n, max_n, width, *, train, smallest):
         cap = max_n + 1
         if self.format == "reversed_padded":
             live = jnp.arange(cap) < n
@@ -154,10 +172,14 @@ class Addition(Task):
             b = jnp.where(live, jnp.append(draws[max_n:2 * max_n], 0), 0)
             rest = draws[2 * max_n:]
             wa = wb = n
+        elif self.operand_lengths == "independent":  # la = n and lb, each uniform in [smallest, max_n]
+            la, lb = n, uniform(draws[2 * cap + 2], smallest, max_n)
+            n = jnp.maximum(la, lb)
         else:
             other = uniform(draws[2 * cap + 2], 1, n)
             swap = draws[2 * cap + 3] == 1
             la, lb = jnp.where(swap, other, n), jnp.where(swap, n, other)
+        if self.format != "reversed_padded":
             a, b = dg.number(draws[:cap + 1], la), dg.number(draws[cap + 1:2 * cap + 2], lb)
             rest = draws[2 * cap + 4:]
             wa, wb = (n, n) if self.zero_pad else (la, lb)
@@ -232,7 +254,7 @@ class MultiAddition(Task):
     def seq_len(self, n: int) -> int:
         return self._tokens(n, self.operands)
 
-    def batch(self, key, batch_size, length, *, min_size=None, split="train"):
+    def check_sizes(self, length, split):
         if self.coupled:
             n = self.max_size(length)
             dg.check_max_position(self.name, "max_position", self.max_position, n + 2, size=n,
@@ -240,7 +262,10 @@ class MultiAddition(Task):
             if self.scratchpad:
                 dg.check_max_position(self.name, "max_position_operands", self.max_position_operands,
                                       self.operands + 1, size=n, split=split)
-        return super().batch(key, batch_size, length, min_size=min_size, split=split)
+
+    @property
+    def fresh_draws(self) -> int:
+        return 2 * int(self.coupled)  # the two levels' start ids, drawn at every visit
 
     def _bounds(self, max_n):
         K, cap = self.operands, max_n + 1

@@ -33,6 +33,17 @@ training and evaluation steps feed them to the model as its positions. Its
 between the splits (a random offset at training only) sets
 ``split_aware = True`` and takes ``train`` (a Python bool) in ``_example``.
 
+Operand sizes: a task whose example reads the smallest size of the batch's
+range (``[min_size, max_size(length)]``; addition's independent operand
+lengths) sets ``size_aware = True`` and takes ``smallest`` in ``_example``.
+
+Fixed training sets (``train.dataset_size``, :mod:`posenc.training.dataset`):
+:meth:`Task.examples` gives the examples of given keys, one key per row, so
+that an example is the same at every visit; the last :attr:`Task.fresh_draws`
+random words of an example (a task's training-time offsets: coupled start
+ids, index-hint offsets) are drawn anew at every visit, as the official
+datasets draw them in ``__getitem__``.
+
 Multi-axis positions: a task with ``position_axes = A`` (the grid tasks) returns
 ``axis_positions`` int32 [B, length, A] (its ``_example``'s third array [width, A]):
 ids on A axes built like Qwen2-VL's ``get_rope_index`` (``posenc.mrope.position_ids``).
@@ -97,6 +108,7 @@ class Task(Registered):
     smallest: int = 1
     size_cap: int | None = None
     split_aware: bool = False  # _example takes train= (the module docstring)
+    size_aware: bool = False  # _example takes smallest= (the module docstring)
     position_levels: int = 0  # levels of the coupled position_ids it emits (0: none)
     position_axes: int = 0  # axes of the multi-axis axis_positions it emits (0: none; grid tasks: 3)
     digit_tokens: tuple[int, ...] = ()  # ids of the digits 0-9 (arithmetic tasks; read by Abacus)
@@ -182,6 +194,15 @@ class Task(Registered):
         a real example, so no ``example_mask`` is returned.
         """
         batch_size = check_int("batch_size", batch_size, minimum=1)
+        lo, max_n = self._size_range(length, min_size, split)
+        self.check_sizes(length, split)
+        if self.seed:
+            # Different task seeds give different data from the same trainer key.
+            key = jax.random.fold_in(key, self.seed)
+        return self._generate_jit(key, batch_size, int(length), lo, max_n, split)
+
+    def _size_range(self, length, min_size, split) -> tuple[int, int]:
+        """``(smallest, largest)`` problem size of a batch at ``length`` (ValueError if ``min_size`` is outside)."""
         max_n = self.max_size(length)
         check_split(split)
         if min_size is None:  # training: every size; evaluation: exactly the largest that fits
@@ -191,22 +212,59 @@ class Task(Registered):
                 f"min_size {min_size!r} is outside [{self.smallest}, {max_n}] (sizes of task "
                 f"{self.name!r} at length {length})"
             )
-        lo = int(min_size)
+        return int(min_size), max_n
+
+    def check_sizes(self, length: int, split: str) -> None:
+        """ValueError if the task's options cannot pose the problems of ``length`` (e.g. coupled ids
+        past ``max_position``); called by :meth:`batch` and :meth:`examples`. Default: nothing to check."""
+
+    @property
+    def fresh_draws(self) -> int:
+        """The last random words of an example drawn anew at every visit of a fixed training example
+        (:meth:`examples`): its training-time offsets. 0: the example is fixed whole."""
+        return 0
+
+    def examples(self, keys, length: int, *, fresh_key=None, min_size: int | None = None,
+                 split: str = "train") -> dict:
+        """The batch whose row ``i`` is the example of ``keys[i]`` (typed keys [B]), as :meth:`batch`.
+
+        The same key gives the same example whatever its row or batch (a fixed
+        training set, :mod:`posenc.training.dataset`); with ``fresh_key`` the
+        last :attr:`fresh_draws` words of every row come from it instead. Pure
+        jax, not jitted (it runs inside the train step).
+        """
+        lo, max_n = self._size_range(length, min_size, split)
+        self.check_sizes(length, split)
         if self.seed:
-            # Different task seeds give different data from the same trainer key.
-            key = jax.random.fold_in(key, self.seed)
-        return self._generate_jit(key, batch_size, int(length), lo, max_n, split)
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, self.seed)
+        bounds = self._draw_bounds(lo, max_n)
+        words = jax.vmap(lambda k: jax.random.bits(k, (bounds.size,), dtype=jnp.uint32))(keys)
+        fresh = self.fresh_draws
+        if fresh and fresh_key is not None:
+            words = words.at[:, bounds.size - fresh:].set(
+                jax.random.bits(fresh_key, (words.shape[0], fresh), dtype=jnp.uint32))
+        return self._from_words(words, bounds, int(length), lo, max_n, split)
+
+    def _draw_bounds(self, lo, hi):
+        """The bound of every random word of an example: its size, then ``_bounds(hi)``."""
+        return np.array([hi - lo + 1, *self._bounds(hi)], dtype=np.uint32)
 
     def _generate(self, key, batch_size, length, lo, hi, split="train"):
         # All randomness of the batch in one draw of 32-bit words, reduced
         # modulo each column's bound (bias < bound / 2**32): one threefry call
         # keeps compiles fast, since every separate random call is its own kernel.
-        bounds = np.array([hi - lo + 1, *self._bounds(hi)], dtype=np.uint32)
+        bounds = self._draw_bounds(lo, hi)
         words = jax.random.bits(key, (batch_size, bounds.size), dtype=jnp.uint32)
+        return self._from_words(words, bounds, length, lo, hi, split)
+
+    def _from_words(self, words, bounds, length, lo, hi, split):
+        """The batch of the random ``words`` [B, len(bounds)] (each reduced modulo its bound)."""
         draws = (words % bounds).astype(jnp.int32)
         sizes = lo + draws[:, 0]
         width = length + 1
         flags = {"train": split == "train"} if self.split_aware else {}
+        if self.size_aware:
+            flags["smallest"] = lo
         seq, answer, *ids = jax.vmap(lambda r, n: self._example(r, n, hi, width, **flags))(
             draws[:, 1:], sizes)
         seq = seq.astype(jnp.int32)

@@ -91,7 +91,7 @@ class Multiplication(Task):
         # BOS a * b = m partials (n + 1 digits) with m - 1 '+', '=', m sums (n + m digits), m - 1 '>', EOS
         return 1 + n + 1 + m + 1 + m * (n + 1) + (m - 1) + 1 + m * (n + m) + (m - 1) + 1
 
-    def batch(self, key, batch_size, length, *, min_size=None, split="train"):
+    def check_sizes(self, length, split):
         if self.coupled:
             n, m = self.max_size(length), self.second
             needed = n + 2 if not self.scratchpad else n + m + 1
@@ -100,7 +100,10 @@ class Multiplication(Task):
             if self.scratchpad:
                 dg.check_max_position(self.name, "max_position_operands", self.max_position_operands,
                                       m, size=n, split=split)
-        return super().batch(key, batch_size, length, min_size=min_size, split=split)
+
+    @property
+    def fresh_draws(self) -> int:
+        return 3 * int(self.coupled)  # the coupled start ids, drawn at every visit
 
     def _bounds(self, max_n):
         cap = max_n + self.second + 1
