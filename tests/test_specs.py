@@ -9,6 +9,8 @@ from posenc.config import overrides
 from posenc.training import evaluate, prepare, schema, specs
 from posenc.training import step as step_lib
 
+LENGTH = 16  # the evaluated length whose program is compared
+
 # another valid value of every field of task, train and eval (a new field fails the coverage test
 # below until it is given one here and classified by the program test)
 CHANGES = {
@@ -35,6 +37,9 @@ CHANGES = {
     "train.steps_per_call": 3,
     "train.fit_accuracy": 0.9,
     "train.fit_check_every": 7,
+    "train.dataset_size": 100,
+    "train.eval_every": 5,
+    "train.select_length": LENGTH,
     "train.log_every": 7,
     "train.checkpoint_every": 7,
     "train.keep_checkpoints": 3,
@@ -56,7 +61,6 @@ CHANGES = {
 }
 TEXT_FIELDS = ("eval.tokens", "eval.text_protocol", "eval.stride")
 TASK_ITSELF = ("task.name", "task.seed", "task.options")  # what the evaluation's batches come from
-LENGTH = 16  # the evaluated length whose program is compared
 
 
 def _config(arg="tiny"):
@@ -95,8 +99,12 @@ def test_each_field_changes_the_compiled_programs_or_is_read_on_the_host(arg):
     for field, value in CHANGES.items():
         if (field in TEXT_FIELDS) != (arg == "tiny,text") or (arg == "tiny,text" and field.startswith("task.")):
             continue
+        if arg == "tiny,text" and field == "train.dataset_size":  # a fixed set of synthetic examples only
+            continue
         c = prepare.plain_copy(base)
         fields = {field: value}
+        if field == "train.select_length":  # chosen among the evaluations during training
+            fields["train.eval_every"] = CHANGES["train.eval_every"]
         if field in ("eval.text_protocol", "eval.stride"):  # sliding windows need their stride
             fields.update({"eval.text_protocol": "sliding", "eval.stride": 8})
         overrides.apply(c, fields, schema=schema.Run)

@@ -48,6 +48,7 @@ import collections
 import numpy as np
 
 from posenc.studies import tables
+from posenc.training.selection import SELECTED
 from posenc.studies.stats import interval, t_quantile  # noqa: F401  (re-exported)
 
 LEVEL_ORDER = ("R", "DCF", "CS", None)
@@ -131,6 +132,8 @@ def _label(row: dict, vary: set[str]) -> str:
         parts = [row["position"] + ("+randomized" if row.get("randomized") else "")]
     if row.get("eval_variant"):
         parts[0] += f"@{row['eval_variant']}"
+    if row.get("checkpoint") == SELECTED:  # the state chosen on validation loss (train.select_length)
+        parts[0] += f" [{SELECTED}]"
     if "placement" in vary:
         parts.append(row["placement"])
     if "norm" in vary:
@@ -301,6 +304,10 @@ def table_markdown(rows: list[dict], *, include_unfitted: bool = False) -> str:
     sweeps = summarize_sweeps(rows, include_unfitted=include_unfitted)
     by_task = _by_task(rows)
     lines = []
+    if any(r.get("checkpoint") == SELECTED for r in rows):
+        lines += [f"[{SELECTED}]: the parameters of lowest validation loss at the length train.select_length "
+                  "among the evaluations during training (Cho et al. 2024's checkpoint choice); labels without "
+                  "it: the last parameters (rows checkpoint last).", ""]
     for task in sorted(set(summary) | set(sweeps)):
         lines += _task_tables(task, summary.get(task, {}), sweeps.get(task, {}), by_task[task], include_unfitted)
     return "\n".join(lines)

@@ -40,6 +40,11 @@ RUN_FIELDS = {
     "train_loss": "last logged training loss", "train_accuracy": "last logged training accuracy",
     "seeds_trained_together": "seeds vmapped in one step with this one",
     "diverged_at_step": "training stopped on a NaN / Inf here (metrics null)",
+    "dataset_size": "train.dataset_size: the fixed training set's examples (absent: a fresh batch every step)",
+    "train_examples": "examples trained on (a fixed set: the visits over its epochs)",
+    "checkpoint": "last | best_long_val: the parameters scored (train.select_length; absent: the last)",
+    "selected_step": "best_long_val rows: the step whose validation loss at train.select_length was lowest",
+    "selected_loss": "best_long_val rows: that validation loss",
     # evaluation
     "eval_length": "evaluation length (tokens)", "eval_variant": "the evaluation variant (null: as trained)",
     "sweep": "the evaluation sweep point, e.g. {'depth': 0.5}",

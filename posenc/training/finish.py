@@ -16,6 +16,7 @@ import jax
 from absl import logging
 
 import posenc
+from posenc.training import dataset
 from posenc.training import evaluate as evaluate_lib
 from posenc.workdir import files, records, results
 
@@ -86,6 +87,10 @@ def finish(model, resolved, workdir: str, *, name: str | None, record: records.C
         eval_seconds = time.time() - t1
     fit = record.fit
     fitting = float(config.train.fit_accuracy) > 0
+    if int(config.train.get("dataset_size", 0)):  # a fixed training set: its size and the examples trained on
+        extra = {"dataset_size": int(config.train.dataset_size),
+                 "train_examples": dataset.examples_seen(steps_trained, int(config.train.batch_size),
+                                                         int(config.train.dataset_size)), **extra}
     train_seconds = record.train_seconds
     rows, writer = [], records.tensorboard_writer(config, workdir) if _main() else None
     for ev in evals:

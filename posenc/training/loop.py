@@ -20,8 +20,13 @@
      token accuracy at the training length reaches it (checked every
      ``train.fit_check_every`` steps): fit, then extrapolate; rows record
      ``fitted`` and ``steps_to_fit``;
-  5. the model is evaluated at ``eval.lengths`` (and each evaluation variant)
-     and one row per length is merged atomically into ``workdir/results.jsonl``.
+  5. with ``train.eval_every`` > 0 the model is evaluated on validation
+     examples at every ``eval.lengths`` during training (``eval_log.jsonl``),
+     and with ``train.select_length`` the state of the lowest validation loss
+     there is kept (:mod:`~posenc.training.selection`);
+  6. the model is evaluated at ``eval.lengths`` (and each evaluation variant)
+     and one row per length is merged atomically into ``workdir/results.jsonl``;
+     with a selected state, its rows too (``checkpoint``: last, best_long_val).
 
 Devices (:mod:`~posenc.training.sharding`): on several (``config.mesh``)
 the state is replicated or FSDP-sharded over a ``("data",)`` mesh and every
@@ -49,7 +54,7 @@ from flax import nnx
 from posenc.model import Decoder
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import optim, prepare, steploop
+from posenc.training import optim, prepare, selection, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
@@ -106,11 +111,22 @@ def train_postfix(metrics: dict) -> str:
     return f"train loss={metrics['loss']:.4f} teacher-forced acc={metrics['accuracy']:.3f}"
 
 
+def evaluate_during(resolved, graphdef, state, *, mesh=None) -> list[dict]:
+    """Teacher-forced rows of the validation stream at every ``eval.lengths`` (the evaluations
+    during training, :mod:`~posenc.training.selection`)."""
+    config = resolved.config
+    model, _ = nnx.merge(graphdef, state)
+    return [evaluate_lib.evaluate_length(model, resolved.task, config, resolved.spec, int(n), mesh=mesh,
+                                         stream="validation", decoded=False)
+            for n in config.eval.lengths]
+
+
 class _Trainer:
     """The step loop's trainer of one run (see :mod:`posenc.training.steploop`)."""
 
-    def __init__(self, resolved, graphdef, state, book, *, mesh, bar):
+    def __init__(self, resolved, graphdef, state, book, *, mesh, bar, evals=None):
         self.resolved, self.graphdef, self.state, self.book = resolved, graphdef, state, book
+        self.evals = evals
         self.mesh, self.bar = mesh, bar
         self.root = self._placed(data_root(resolved.config))
         self.chunk = step_lib.train_chunk_fn(resolved.train, steploop.buffer_size(resolved.config), mesh=mesh)
@@ -130,7 +146,8 @@ class _Trainer:
 
     def stats(self, t):
         key = jax.random.fold_in(self.root, t)
-        return self.stats_fn(self.graphdef, self.state, self._placed(key))
+        at = (self.root, self._placed(np.int32(t))) if self.resolved.train.dataset_size else None
+        return self.stats_fn(self.graphdef, self.state, self._placed(key), at)
 
     def boundary(self, s, fetched, at):
         book = self.book
@@ -141,6 +158,9 @@ class _Trainer:
                 self.bar.set_postfix_str(train_postfix(last))
         fitted = at.fit and check_fit(self.resolved, self.graphdef, self.state, book.record.fit, s,
                                       mesh=self.mesh)
+        if at.evaluate:  # before the checkpoint: its record holds the selection of this step
+            rows = evaluate_during(self.resolved, self.graphdef, self.state, mesh=self.mesh)
+            self.evals.add(s, rows, book.record, lambda: self.state)
         if at.checkpoint or fitted:
             book.save(s, self.state, self.seconds())
         return fitted
@@ -187,25 +207,46 @@ def _locked_run(resolved, workdir: str, *, main, mesh, fsdp, max_steps_this_run,
     if mesh is not None:  # restore (below) lands in these shardings too
         state = sharding_lib.shard_state(state, mesh, fsdp=fsdp)
     state = book.restore(state)
+    evals = selection.Evaluations(config, workdir, main=main) if selection.enabled(config) else None
+    if evals is not None:
+        evals.restore(book.start)
     start, steps = book.start, int(config.train.steps)
     end = steps if max_steps_this_run is None else min(steps, start + int(max_steps_this_run))
     if book.record.fit.fitted:  # a run that already fitted has finished training
         end = start
     bar = progress_lib.progress(steps, start, main and bool(config.train.progress) and end > start)
-    trainer = _Trainer(resolved, graphdef, state, book, mesh=mesh, bar=bar)
+    trainer = _Trainer(resolved, graphdef, state, book, mesh=mesh, bar=bar, evals=evals)
     try:
-        last = steploop.train(trainer, start=start, schedule=steploop.Schedule.of(config, end),
-                              bar=bar)
+        try:
+            last = steploop.train(trainer, start=start, schedule=steploop.Schedule.of(config, end),
+                                  bar=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+            book.close()
+        if last < steps and not book.record.fit.fitted:
+            logging.info("stopped after step %d of %d; rerun with the same --workdir to resume", last, steps)
+            return None
+        nnx.update((model, optimizer), trainer.state)
+        if not selection.selects(config):
+            return finish_lib.finish(model, resolved, workdir, name=name, record=book.record,
+                                     steps_trained=last, mesh=mesh, **(row_fields or {}))
+        return _finish_both(model, optimizer, trainer.state, evals, resolved, workdir, name=name,
+                            record=book.record, steps_trained=last, mesh=mesh, **(row_fields or {}))
     finally:
-        if bar is not None:
-            bar.close()
-        book.close()
-    if last < steps and not book.record.fit.fitted:
-        logging.info("stopped after step %d of %d; rerun with the same --workdir to resume", last, steps)
-        return None
-    nnx.update((model, optimizer), trainer.state)
-    return finish_lib.finish(model, resolved, workdir, name=name, record=book.record,
-                             steps_trained=last, mesh=mesh, **(row_fields or {}))
+        if evals is not None:
+            evals.close()
+
+
+def _finish_both(model, optimizer, state, evals, resolved, workdir, *, record, steps_trained, **kw):
+    """The rows of the last state and of the selected one (``train.select_length``), each labelled."""
+    rows = finish_lib.finish(model, resolved, workdir, record=record, steps_trained=steps_trained,
+                             checkpoint=selection.LAST, **kw)
+    chosen = evals.selected(jax.tree.map(lambda x: x, state), record)
+    if chosen is not None:
+        nnx.update((model, optimizer), chosen)
+    return rows + finish_lib.finish(model, resolved, workdir, record=record, steps_trained=steps_trained,
+                                    **selection.row_fields(record, steps_trained), **kw)
 
 
 class _LibraryInfo(py_logging.Filter):

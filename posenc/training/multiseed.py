@@ -18,6 +18,11 @@ event files, checkpoints (their records name the cell: the seeds stacked
 together) and results.jsonl, each row with ``seeds_trained_together`` = S
 and ``train_seconds`` the wall time of the joint training.
 
+Evaluations during training (``train.eval_every``, :mod:`~posenc.training.selection`)
+run the seeds together too (one vmapped call per length), each seed logging its
+rows and keeping its own selected state; the final evaluation scores the
+selected states together as well.
+
 A seed leaves the stack when it diverges (NaN / Inf at a boundary: no
 checkpoint after its last good one; returned as its
 :class:`~posenc.workdir.records.NonFiniteError`) or when it fits
@@ -58,7 +63,7 @@ from flax import nnx
 
 from posenc.training import evaluate as evaluate_lib
 from posenc.training import finish as finish_lib
-from posenc.training import loop, prepare, steploop
+from posenc.training import loop, prepare, selection, steploop
 from posenc.training import progress as progress_lib
 from posenc.training import sharding as sharding_lib
 from posenc.training import step as step_lib
@@ -76,6 +81,7 @@ class SeedRun:
     model: object = None
     optimizer: object = None
     book: records.RunLog | None = None
+    evals: selection.Evaluations | None = None  # its evaluations during training (train.eval_every)
     state: object = None  # its own (unstacked) state once it leaves the stack
     result: object = None  # rows, a NonFiniteError, or None (stopped early)
     steps_trained: int = 0
@@ -143,6 +149,9 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
         r.model, r.optimizer, graphdef, state = loop.init_state(r.resolved)
         r.book = records.RunLog(r.resolved.config, r.workdir, main=main)
         r.state = r.book.restore(state)
+        if selection.enabled(r.resolved.config):
+            r.evals = selection.Evaluations(r.resolved.config, r.workdir, main=main)
+            r.evals.restore(r.book.start)
     seeds = [int(rv.config.train.seed) for rv in resolved]
     # The cell: the seeds that started together in one stack (as their checkpoints record), else
     # the seeds that start now. The others (checkpoints written outside a stack, by loop.run or
@@ -161,6 +170,8 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
         if len(group) == 1:  # nothing to share: the plain loop
             r = runs[group[0]]
             r.book.close()
+            if r.evals is not None:
+                r.evals.close()
             try:
                 out[r.index] = loop.run(r.resolved, workdirs[r.index], name=r.name,
                                         max_steps_this_run=max_steps_this_run)
@@ -170,12 +181,17 @@ def run_seeds(configs, workdirs, *, names=None, max_steps_this_run: int | None =
         members = [runs[i] for i in group if i in runs]
         complete = {i: out[i] for i in group if i not in runs}
         try:
-            _train_cell(group, runs, complete, graphdef, [r.config for r in resolved], max_steps_this_run,
-                        main)
+            try:
+                _train_cell(group, runs, complete, graphdef, [r.config for r in resolved], max_steps_this_run,
+                            main)
+            finally:
+                for r in members:
+                    r.book.close()
+            _finish_cell(group, runs, complete)
         finally:
             for r in members:
-                r.book.close()
-        _finish_cell(group, runs, complete)
+                if r.evals is not None:
+                    r.evals.close()
         for r in members:
             out[r.index] = r.result
     return out
@@ -217,11 +233,36 @@ def _finish_cell(cell, runs, complete) -> None:
     t0 = time.time()
     evals = evaluate_lib.evaluate_seeds(models, first.resolved)
     seconds = time.time() - t0
+    selects = selection.selects(first.resolved.config)
     for i in done:
         r = runs[i]
         r.result = finish_lib.finish(r.model, r.resolved, r.workdir, name=r.name, record=r.book.record,
                                      steps_trained=r.steps_trained, evals=evals[order.index(i)],
-                                     eval_seconds=seconds, seeds_trained_together=len(cell))
+                                     eval_seconds=seconds, seeds_trained_together=len(cell),
+                                     **({"checkpoint": selection.LAST} if selects else {}))
+    if selects:
+        _finish_selected(done, order, runs)
+
+
+def _finish_selected(done, order, runs) -> None:
+    """The rows of every seed's selected state (``train.select_length``), evaluated together in the
+    stack of the last states' evaluation (a seed without one stands in with its last state)."""
+    for i in done:
+        r = runs[i]
+        chosen = r.evals.selected(jax.tree.map(lambda x: x, r.state), r.book.record)
+        if chosen is not None:
+            nnx.update((r.model, r.optimizer), chosen)
+    models = [runs[i].model if i in done else runs[done[0]].model for i in order]
+    first = runs[done[0]]
+    t0 = time.time()
+    evals = evaluate_lib.evaluate_seeds(models, first.resolved)
+    seconds = time.time() - t0
+    for i in done:
+        r = runs[i]
+        r.result = r.result + finish_lib.finish(
+            r.model, r.resolved, r.workdir, name=r.name, record=r.book.record, steps_trained=r.steps_trained,
+            evals=evals[order.index(i)], eval_seconds=seconds, seeds_trained_together=len(order),
+            **selection.row_fields(r.book.record, r.steps_trained))
 
 
 @dataclasses.dataclass
@@ -301,8 +342,8 @@ class _GroupTrainer:
     def stats(self, t):
         return self.stats_fn(self.graphdef, self.state, self.roots, jnp.int32(t))
 
-    def _fit_accuracies(self) -> list:
-        """Validation accuracy at the training length of every row of the stack, in one vmapped call.
+    def _validation_rows(self, length: int) -> list[dict]:
+        """Teacher-forced validation rows at ``length`` of every row of the stack, in one vmapped call.
 
         The stack is padded to the cell's size (repeating its first row), so
         every check of the cell runs the same compiled program.
@@ -314,13 +355,24 @@ class _GroupTrainer:
         if active < self.size:
             params = _take(params, list(range(active)) + [0] * (self.size - active))
         rows = evaluate_lib.evaluate_length_seeds(graphdef, params, _take(rest, 0), resolved.task,
-                                                  resolved.config, resolved.spec,
-                                                  int(resolved.config.task.train_length),
+                                                  resolved.config, resolved.spec, int(length),
                                                   stream="validation", decoded=False)
-        return [row["accuracy"] for row in rows[:active]]
+        return rows[:active]
+
+    def _fit_accuracies(self) -> list:
+        """Validation accuracy at the training length of every row of the stack."""
+        resolved = next(r for r in self.runs.values() if r.index in self.cell).resolved
+        return [row["accuracy"] for row in self._validation_rows(int(resolved.config.task.train_length))]
+
+    def _evaluations(self) -> list[list[dict]]:
+        """Per row of the stack, its validation rows at every ``eval.lengths`` (train.eval_every)."""
+        resolved = next(r for r in self.runs.values() if r.index in self.cell).resolved
+        by_length = [self._validation_rows(int(n)) for n in resolved.config.eval.lengths]
+        return [list(rows) for rows in zip(*by_length)]
 
     def boundary(self, s, fetched, at):
         accuracies = self._fit_accuracies() if at.fit else None
+        evaluations = self._evaluations() if at.evaluate else None
         keep, shown = [], False
         for j, slot in enumerate(self.slots):
             if not slot.live:  # holds a place until the step it left the cell's stack at
@@ -340,6 +392,8 @@ class _GroupTrainer:
                     self.bar.set_postfix_str(loop.train_postfix(last))
                     shown = True
             fitted = at.fit and loop.record_fit(r.resolved, r.book.record.fit, s, accuracies[j])
+            if evaluations is not None:  # before the checkpoint: its record holds this step's selection
+                r.evals.add(s, evaluations[j], r.book.record, lambda j=j: _take(self.state, j))
             mine = _take(self.state, j) if at.checkpoint or fitted else None  # its own state, when kept
             if mine is not None:
                 r.book.save(s, mine, r.book.record.train_seconds + time.time() - self.t0[slot.index])

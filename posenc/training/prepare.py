@@ -188,15 +188,19 @@ def claim(resolved: Resolved, workdir: str, *, name: str | None = None, main: bo
 
 
 def expected_keys(resolved: Resolved) -> set:
-    """The (eval_variant, eval_length) of every row a complete run of ``resolved`` has."""
+    """The (eval_variant, eval_length, checkpoint) of every row a complete run of ``resolved`` has
+    (checkpoint: None, or last and best_long_val with ``train.select_length``)."""
+    from posenc.training import selection
+
     lengths = tuple(resolved.config.eval.lengths)
-    return {(v, n) for v in (None, *resolved.eval_variants) for n in lengths}
+    return {(v, n, c) for v in (None, *resolved.eval_variants) for n in lengths
+            for c in selection.checkpoints(resolved.config)}
 
 
 def complete_rows(rows, resolved: Resolved):
     """The rows of ``resolved`` among ``rows`` if every expected one is there, else None."""
     mine = [r for r in rows if r.get("config_hash") == resolved.hash]
-    have = {(r.get("eval_variant"), r["eval_length"]) for r in mine}
+    have = {(r.get("eval_variant"), r["eval_length"], r.get("checkpoint")) for r in mine}
     if any(r.get("diverged_at_step") is not None for r in mine):
         return mine  # a diverged run is a finished result
     return mine if have >= expected_keys(resolved) else None

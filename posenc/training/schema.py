@@ -111,6 +111,15 @@ class Train(Section):
                            type=object)
     fit_accuracy = Field(0.0, _unit, "> 0: stop once validation accuracy at the training length reaches it")
     fit_check_every = Field(250, checks.positive_int, "steps between fit checks (with fit_accuracy > 0)")
+    dataset_size = Field(0, checks.nonnegative_int, "> 0: a fixed training set of this many examples, visited in "
+                         "epochs in a fresh seeded order (Cho et al. 2024: 1000000, scripts/addition/"
+                         "run_coupling.sh 100000); 0: a fresh batch every step")
+    eval_every = Field(0, checks.nonnegative_int, "> 0: every this many steps, validation loss, accuracy and exact "
+                       "match (teacher-forced) at every eval.lengths into WORKDIR/eval_log.jsonl (Cho et al.: "
+                       "every epoch)")
+    select_length = Field(0, checks.nonnegative_int, "> 0: an eval.lengths entry; the parameters of lowest "
+                          "validation loss there (every eval_every steps) are evaluated beside the last, rows "
+                          "checkpoint best_long_val / last (Cho et al.: lowest loss on 100-digit val_long)")
     log_every = Field(250, checks.positive_int, "steps between train_log.jsonl rows")
     checkpoint_every = Field(1000, checks.positive_int, "steps between checkpoints")
     keep_checkpoints = Field(2, checks.positive_int, "checkpoints kept")
@@ -122,6 +131,9 @@ class Train(Section):
         from posenc.training import optim, specs
 
         optim.learning_rate_schedule(specs.OptimizerSpec.from_train(values))  # warmup_steps within steps
+        if values["select_length"] and not values["eval_every"]:
+            raise ValueError(f"{prefix}.select_length={values['select_length']} chooses among the evaluations "
+                             f"during training: it needs {prefix}.eval_every > 0")
 
 
 class Eval(Section):
@@ -180,6 +192,19 @@ class Run(Section):
     train = Sub(Train)
     eval = Sub(Eval)
     mesh = Sub(Mesh)
+
+    @classmethod
+    def check(cls, values, prefix):
+        from posenc import tasks
+        from posenc.tasks.base import Task as SyntheticTask
+
+        train, lengths = values["train"], values["eval"]["lengths"]
+        if train["select_length"] and train["select_length"] not in lengths:
+            raise ValueError(f"train.select_length={train['select_length']} must be one of eval.lengths "
+                             f"{lengths}: the checkpoint is chosen on the validation loss there")
+        if train["dataset_size"] and not issubclass(tasks.task_class(values["task"]["name"]), SyntheticTask):
+            raise ValueError(f"train.dataset_size={train['dataset_size']} draws a fixed set of synthetic examples; "
+                             f"task {values['task']['name']!r} has none (0: its usual batches)")
 
 
 def run_config():

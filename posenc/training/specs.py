@@ -146,6 +146,7 @@ class TrainSpec:
     z_loss: float
     fsdp: bool  # shard parameters and moments (with a mesh)
     qk_clip: float = 0.0  # QK-Clip threshold (0: off)
+    dataset_size: int = 0  # a fixed training set of this many examples (0: a fresh batch every step)
 
     @classmethod
     def from_config(cls, config, task_spec: TaskSpec | None = None) -> TrainSpec:
@@ -156,7 +157,7 @@ class TrainSpec:
                    min_size=int(config.task.min_size) or None, batch_size=int(train.batch_size),
                    positions=positions, optimizer=OptimizerSpec.from_train(train),
                    z_loss=float(train.z_loss), fsdp=bool(mesh is not None and mesh.get("fsdp", False)),
-                   qk_clip=float(train.get("qk_clip", 0.0)))
+                   qk_clip=float(train.get("qk_clip", 0.0)), dataset_size=int(train.get("dataset_size", 0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +197,8 @@ HOST_FIELDS = {
     "train.keep_checkpoints": "the loop's checkpoints",
     "train.tensorboard": "the loop's logging",
     "train.progress": "the progress bar",
+    "train.eval_every": "the loop's evaluations during training",
+    "train.select_length": "the loop's choice of the checkpoint kept beside the last",
     "eval.lengths": "each length is its own program (its LengthProgram)",
     "eval.seed": "the evaluation keys: arguments of the program",
     "eval.position_buckets": "text rows: buckets of the per-position sums, on the host",

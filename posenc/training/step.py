@@ -37,6 +37,12 @@ The step loop (:mod:`posenc.training.steploop`) calls :func:`train_chunk_fn`
 ``lax.fori_loop``, bit-identical to k calls of the single step. The
 evaluation programs are in :mod:`posenc.training.eval_step` (same cache).
 
+A fixed training set (``train.dataset_size`` > 0, :mod:`posenc.training.dataset`):
+step ``t`` visits the examples of its place in the epochs, so the step reads
+``(root, t)`` besides its key (``fixed``); the chunk programs pass it, and the
+single-step programs take it as an argument. With the default (0) nothing of
+it enters a program.
+
 Losses (masked to answer tokens, ``m``):
   loss = sum(m * CE(logits, targets)) / sum(m)
   total = loss + z_loss_weight * mean_m(logsumexp(logits)^2)   (PaLM z-loss)
@@ -55,7 +61,7 @@ from flax import nnx
 
 from posenc.encodings import absolute, pose
 from posenc.norms import z_loss
-from posenc.training import optim, specs
+from posenc.training import dataset, optim, specs
 from posenc.training import sharding as sharding_lib
 
 
@@ -100,15 +106,19 @@ def positions_for(positions: specs.Positions, key, batch_size: int, length: int)
     )
 
 
-def _batch(task, positions: specs.Positions, key, batch_size, length, *, split, min_size=None):
+def _batch(task, positions: specs.Positions, key, batch_size, length, *, split, min_size=None, fixed=None):
     """The batch and positions of ``key`` (one split of the key: data, then positions).
 
     A task that emits ``position_ids`` (position coupling) gives the positions itself; one that
     emits multi-axis ``axis_positions`` [B, L, A] (the grid tasks) gives them to a model reading
     several axes (``positions.axes`` > 1), while one-axis models read their usual positions.
+    ``fixed = (root, t, size)``: step ``t``'s examples of a fixed training set (:mod:`~posenc.training.dataset`).
     """
     data_key, pos_key = jax.random.split(key)
-    batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
+    if fixed is None:
+        batch = task.batch(data_key, batch_size, length, min_size=min_size, split=split)
+    else:
+        batch = dataset.batch(task, fixed, data_key, batch_size, length, min_size=min_size)
     given = "position_ids" if "position_ids" in batch else None
     if positions.axes > 1 and "axis_positions" in batch:
         given = "axis_positions"
@@ -120,23 +130,25 @@ def _batch(task, positions: specs.Positions, key, batch_size, length, *, split, 
     return batch, positions_for(positions, pos_key, batch_size, length)
 
 
-def _train_batch(spec: specs.TrainSpec, key, mesh):
+def _train_batch(spec: specs.TrainSpec, key, mesh, at=None):
+    fixed = None if at is None else (*at, spec.dataset_size)
     batch, positions = _batch(spec.task.make(), spec.positions, key, spec.batch_size, spec.train_length,
-                              split="train", min_size=spec.min_size)
+                              split="train", min_size=spec.min_size, fixed=fixed)
     if mesh is not None:
         batch, positions = sharding_lib.constrain_batch((batch, positions), mesh)
     return batch, positions
 
 
 def _train_step(spec: specs.TrainSpec, mesh=None):
-    """The un-jitted ``step(graphdef, state, key) -> (state, metrics)``."""
+    """The un-jitted ``step(graphdef, state, key, at=None) -> (state, metrics)``; ``at = (root, t)``:
+    the data root and step number, which a fixed training set needs (``spec.dataset_size``)."""
     z_weight = spec.z_loss
     fsdp = spec.fsdp and mesh is not None
     schedule = optim.learning_rate_schedule(spec.optimizer)
 
-    def step(graphdef, state, key):
+    def step(graphdef, state, key, at=None):
         model, optimizer = nnx.merge(graphdef, state)
-        batch, positions = _train_batch(spec, key, mesh)
+        batch, positions = _train_batch(spec, key, mesh, _at(spec, at))
         mgraph, params, rest = nnx.split(model, nnx.Param, ...)
 
         def loss_fn(params):
@@ -183,12 +195,22 @@ def _qk_clip(model, max_logits, threshold: float):
     return jnp.sum(max_logits > threshold).astype(jnp.float32)
 
 
-def _stats_step(spec: specs.TrainSpec, mesh=None):
-    """The un-jitted ``stats(graphdef, state, key) -> model stats`` on the train batch of ``key``."""
+def _at(spec: specs.TrainSpec, at):
+    """``at`` where the spec trains on a fixed set (ValueError if it is missing), else None."""
+    if not spec.dataset_size:
+        return None
+    if at is None:
+        raise ValueError("train.dataset_size > 0: the step needs its data root and step number (at=(root, t)); "
+                         "the chunk programs (train_chunk_fn) pass them")
+    return at
 
-    def stats(graphdef, state, key):
+
+def _stats_step(spec: specs.TrainSpec, mesh=None):
+    """The un-jitted ``stats(graphdef, state, key, at=None) -> model stats`` on the train batch of ``key``."""
+
+    def stats(graphdef, state, key, at=None):
         model, _ = nnx.merge(graphdef, state)
-        batch, positions = _train_batch(spec, key, mesh)
+        batch, positions = _train_batch(spec, key, mesh, _at(spec, at))
         # deterministic=False: the same dropout masks would need the step's RNG state;
         # statistics of the deterministic forward are what the diagnostics mean.
         _, model_stats = model(batch["inputs"], positions, deterministic=True, return_stats=True)
@@ -198,7 +220,8 @@ def _stats_step(spec: specs.TrainSpec, mesh=None):
 
 
 def train_step_fn(spec: specs.TrainSpec, *, mesh=None):
-    """``step(graphdef, state, key) -> (state, metrics)``, jitted with ``state`` donated.
+    """``step(graphdef, state, key, at=None) -> (state, metrics)``, jitted with ``state`` donated
+    (``at = (root, t)`` with a fixed training set, ``spec.dataset_size``).
 
     ``state`` is the state of ``(model, optimizer)``; metrics (float32
     scalars): loss, z_loss, total_loss, accuracy, exact_match, grad_norm,
@@ -217,7 +240,7 @@ def _train_step_program(spec, mesh):
 
 
 def stats_fn(spec: specs.TrainSpec, *, mesh=None):
-    """``stats(graphdef, state, key) -> dict`` of the model's diagnostics on step ``key``'s batch.
+    """``stats(graphdef, state, key, at=None) -> dict`` of the model's diagnostics on step ``key``'s batch.
 
     Same batch and parameters as ``train_step_fn(spec)(graphdef, state, key)``
     sees (call it first: the step donates ``state``): max_attention_logit,
@@ -235,6 +258,23 @@ def _seed_keys(roots, t):
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(roots, t)
 
 
+def _seeds(fn, spec: specs.TrainSpec):
+    """``fn(graphdef, state, key[, at])`` vmapped over seeds as ``f(graphdef, states, roots, t)``: seed
+    ``i`` on key ``fold_in(roots[i], t)`` (and ``at = (roots[i], t)`` with a fixed training set)."""
+    if not spec.dataset_size:
+        vmapped = jax.vmap(fn, in_axes=(None, 0, 0))
+        return lambda g, states, roots, t: vmapped(g, states, _seed_keys(roots, t))
+    vmapped = jax.vmap(fn, in_axes=(None, 0, 0, (0, None)))
+    return lambda g, states, roots, t: vmapped(g, states, _seed_keys(roots, t), (roots, t))
+
+
+def _keyed(fn, spec: specs.TrainSpec):
+    """``fn(graphdef, state, key[, at])`` as ``f(graphdef, state, root, t)``: key ``fold_in(root, t)``."""
+    if not spec.dataset_size:
+        return lambda g, s, root, t: fn(g, s, jax.random.fold_in(root, t))
+    return lambda g, s, root, t: fn(g, s, jax.random.fold_in(root, t), (root, t))
+
+
 @functools.cache
 def seeds_train_step_fn(spec: specs.TrainSpec):
     """``step(graphdef, states, roots, t) -> (states, metrics)``: the train step of S seeds at once.
@@ -246,15 +286,13 @@ def seeds_train_step_fn(spec: specs.TrainSpec):
     of its own run; the step is :func:`train_step_fn`'s under ``jax.vmap``,
     so every metric gains a leading [S] axis.
     """
-    step = jax.vmap(_train_step(spec), in_axes=(None, 0, 0))
-    return jax.jit(lambda g, states, roots, t: step(g, states, _seed_keys(roots, t)), donate_argnums=(1,))
+    return jax.jit(_seeds(_train_step(spec), spec), donate_argnums=(1,))
 
 
 @functools.cache
 def seeds_stats_fn(spec: specs.TrainSpec):
     """``stats(graphdef, states, roots, t) -> dict`` of [S] diagnostics: :func:`stats_fn` vmapped."""
-    stats = jax.vmap(_stats_step(spec), in_axes=(None, 0, 0))
-    return jax.jit(lambda g, states, roots, t: stats(g, states, _seed_keys(roots, t)))
+    return jax.jit(_seeds(_stats_step(spec), spec))
 
 
 def _chunked(step_t, buffer: int):
@@ -302,8 +340,7 @@ def train_chunk_fn(spec: specs.TrainSpec, buffer: int, *, mesh=None):
 
 @functools.cache
 def _train_chunk_program(spec, buffer, mesh):
-    step = _train_step(spec, mesh)
-    chunk = _chunked(lambda g, s, root, t: step(g, s, jax.random.fold_in(root, t)), buffer)
+    chunk = _chunked(_keyed(_train_step(spec, mesh), spec), buffer)
     return jax.jit(chunk, donate_argnums=(1,))
 
 
@@ -318,8 +355,7 @@ def seeds_train_chunk_fn(spec: specs.TrainSpec, buffer: int):
 
 @functools.cache
 def _seeds_chunk_program(spec, buffer):
-    step = jax.vmap(_train_step(spec), in_axes=(None, 0, 0))
-    chunk = _chunked(lambda g, s, roots, t: step(g, s, _seed_keys(roots, t)), buffer)
+    chunk = _chunked(_seeds(_train_step(spec), spec), buffer)
     return jax.jit(chunk, donate_argnums=(1,))
 
 

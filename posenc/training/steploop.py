@@ -80,15 +80,16 @@ def buffer_size(config) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
-    """What happens at step ``s``: log, checkpoint, check the fit."""
+    """What happens at step ``s``: log, checkpoint, check the fit, evaluate (``train.eval_every``)."""
 
     log: bool
     checkpoint: bool
     fit: bool
+    evaluate: bool = False
 
     @property
     def any(self) -> bool:
-        return self.log or self.checkpoint or self.fit
+        return self.log or self.checkpoint or self.fit or self.evaluate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Schedule:
     checkpoint_every: int
     fit_every: int = 0  # 0: no fit checks
     per_call: int | str = 1
+    eval_every: int = 0  # 0: no evaluations during training
 
     @classmethod
     def of(cls, config, end: int) -> Schedule:
@@ -111,19 +113,20 @@ class Schedule:
         return cls(steps=int(train.steps), end=end, log_every=int(train.log_every),
                    checkpoint_every=int(train.checkpoint_every),
                    fit_every=int(train.fit_check_every) if float(train.fit_accuracy) > 0 else 0,
-                   per_call=steps_per_call(config))
+                   per_call=steps_per_call(config), eval_every=int(train.get("eval_every", 0)))
 
     def at(self, s: int) -> Boundary:
         last = s == self.steps
         return Boundary(log=s % self.log_every == 0 or last,
                         checkpoint=s % self.checkpoint_every == 0 or last or s == self.end,
-                        fit=bool(self.fit_every) and (s % self.fit_every == 0 or last))
+                        fit=bool(self.fit_every) and (s % self.fit_every == 0 or last),
+                        evaluate=bool(self.eval_every) and (s % self.eval_every == 0 or last))
 
     def next_stop(self, t: int) -> int:
         """The first boundary step ``s > t`` (``end`` at the latest)."""
         s = t + 1
         stops = [self.end, self.steps]
-        for every in (self.log_every, self.checkpoint_every, self.fit_every):
+        for every in (self.log_every, self.checkpoint_every, self.fit_every, self.eval_every):
             if every:
                 stops.append(-(-s // every) * every)
         return min(x for x in stops if x >= s)

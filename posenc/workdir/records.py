@@ -54,11 +54,15 @@ class CheckpointRecord:
     # (posenc.training.multiseed), None for a run trained on its own. A resumed group rebuilds the
     # stack of an uninterrupted one from it (the same compiled program: the same rounding).
     cell: list | None = None
+    # The checkpoint chosen so far on the evaluations during training (posenc.training.selection):
+    # {"step", "loss", "eval_length"}; None without train.select_length or before the first evaluation.
+    selected: dict | None = None
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
-        if d["cell"] is None:  # the record of a run on its own, as before the field existed
-            del d["cell"]
+        for optional in ("cell", "selected"):  # absent: as before the fields existed
+            if d[optional] is None:
+                del d[optional]
         return d
 
     @classmethod
@@ -67,7 +71,8 @@ class CheckpointRecord:
                    window=[(int(k), dict(m)) for k, m in d.get("window", [])],
                    train_seconds=float(d.get("train_seconds", 0.0)),
                    fit=FitState(**d.get("fit", {})),
-                   cell=None if d.get("cell") is None else [int(x) for x in d["cell"]])
+                   cell=None if d.get("cell") is None else [int(x) for x in d["cell"]],
+                   selected=None if d.get("selected") is None else dict(d["selected"]))
 
 
 def tensorboard_writer(config, workdir: str):

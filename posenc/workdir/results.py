@@ -88,8 +88,10 @@ def make_row(**fields) -> dict:
 
 
 def row_key(row: dict) -> tuple:
-    """(config_hash, eval_variant, eval_length, sweep point): one row per key in a results file."""
-    return (row["config_hash"], row.get("eval_variant"), row["eval_length"], canonical_json(row.get("sweep")))
+    """(config_hash, eval_variant, eval_length, sweep point[, checkpoint]): one row per key in a results
+    file; ``checkpoint`` where a run reports two (``posenc.training.selection``: last, best_long_val)."""
+    key = (row["config_hash"], row.get("eval_variant"), row["eval_length"], canonical_json(row.get("sweep")))
+    return key + (row["checkpoint"],) if row.get("checkpoint") else key
 
 
 def merge_rows(old: Iterable[dict], new: Iterable[dict]) -> list[dict]:
