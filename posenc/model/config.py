@@ -151,6 +151,9 @@ class Model(Section):
     vocab_size = Field(32, checks.positive_int, "vocabulary size (set from the task by a training run)")
     d_model = Field(64, checks.positive_int, "model width")
     num_layers = Field(2, checks.positive_int, "decoder layers")
+    recurrences = Field(1, checks.positive_int, "passes through the layers, weights shared, the input embeddings "
+                        "added to the hidden state before every pass after the first (McLeish et al. 2024's "
+                        "looped transformer, input injection 'add'; their headline: 1 layer x 16)")
     num_heads = Field(4, checks.positive_int, "attention heads")
     num_kv_heads = Field(0, checks.nonnegative_int, "0: num_heads; fewer: grouped-query attention")
     head_dim = Field(0, checks.nonnegative_int, "0: d_model // num_heads")

@@ -9,6 +9,14 @@ embedding, residual and logit multipliers of MiniCPM / Granite / Cohere
 (``posenc.multipliers``) apply where set. Params
 are float32; compute runs in ``model.dtype``; logits are float32.
 
+A looped transformer (``model.recurrences`` R > 1; McLeish et al. 2024,
+mcleish7/arithmetic ``ScriptableRecurrentLM`` with ``input_injection_type``
+"add"): the N blocks run R times with their weights shared, and before every
+pass the input (the embeddings after the input unit, ``e``) is added to the
+hidden state, ``h <- blocks(h + e)`` from ``h = 0`` (their ``state_init``
+"zero"), so the first pass is the plain model's. Every pass has its own KV
+cache entries (R x N layers of the cache).
+
 Token embeddings and the untied head use N(0, 0.02) (GPT-2); projections
 LeCun normal (DeepNorm: xavier normal, gain beta for v, out and MLP).
 """
@@ -38,6 +46,7 @@ class Decoder(nnx.Module):
         self.dtype = _DTYPES[spec.dtype]
         self.d_model, self.vocab_size = spec.d_model, spec.vocab_size
         self.num_layers = spec.num_layers
+        self.recurrences = spec.recurrences
         self.num_kv_heads, self.head_dim = spec.num_kv_heads, spec.head_dim
         self.embed_scale = spec.norm.embed_scale
         self.final_softcap = spec.norm.final_softcap
@@ -231,15 +240,18 @@ class Decoder(nnx.Module):
             return attn.forward(hin, self._unit_positions(i + 1, positions), seq_len=seq_len, causal=causal,
                                 return_stats=return_stats)
 
-        layer_stats = []
-        for i, block in enumerate(self.blocks):
-            h, s = block(h, lambda a, hin, i=i: _pair(attend(a, hin, i), return_stats),
-                         deterministic=deterministic)
-            layer_stats.append(s)
+        layer_stats, e = [], h
+        for r in range(self.recurrences):
+            if r:  # input injection: the embeddings added back before every pass after the first
+                h = h + e
+            for i, block in enumerate(self.blocks):
+                h, s = block(h, lambda a, hin, i=i: _pair(attend(a, hin, i), return_stats),
+                             deterministic=deterministic)
+                layer_stats.append(s)
         logits = self._output(h)
         if not return_stats:
             return logits
-        return logits, _collect_stats(layer_stats, logits)
+        return logits, _collect_stats(layer_stats, logits, blocks=len(self.blocks))
 
     def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False, key=None):
         """tokens int [B, L]; positions int [B, L] or [L] (default arange) -> logits [B, L, V].
@@ -264,14 +276,15 @@ class Decoder(nnx.Module):
         self.check_length(max_length)
         units = [b.attn.encoding for b in self.blocks]
         unit = self.input_encoding
-        return cache_lib.init(self.num_layers, batch_size, max_length, self.num_kv_heads,
+        R = self.recurrences  # every pass has its own entries: layer r * N + i is block i's pass r
+        return cache_lib.init(self.num_layers * R, batch_size, max_length, self.num_kv_heads,
                               self.head_dim, self.dtype,
-                              features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks],
-                              states=[u.init_state(batch_size) for u in units],
+                              features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks] * R,
+                              states=[u.init_state(batch_size) for u in units] * R,
                               input_state=None if unit is None else unit.init_state(batch_size),
-                              key_dims=[b.attn.cached_key_dim for b in self.blocks],
-                              value_dims=[b.attn.cached_value_dim for b in self.blocks],
-                              kv_heads=[b.attn.cached_kv_heads for b in self.blocks],
+                              key_dims=[b.attn.cached_key_dim for b in self.blocks] * R,
+                              value_dims=[b.attn.cached_value_dim for b in self.blocks] * R,
+                              kv_heads=[b.attn.cached_kv_heads for b in self.blocks] * R,
                               position_axes=self.position_axes)
 
     def _feature_shapes(self, attn, batch_size):
@@ -317,17 +330,21 @@ class Decoder(nnx.Module):
                                      deterministic, tokens=tokens, state=cache.get("input_state", {}))
         entries = []
 
-        def attend_for(i):
+        def attend_for(i, slot):
             def attend(attn, hin):
                 y, entry = attn.decode(hin, self._unit_positions(i + 1, positions),
-                                       self._unit_positions(i + 1, all_positions), cache_lib.layer(cache, i),
+                                       self._unit_positions(i + 1, all_positions), cache_lib.layer(cache, slot),
                                        seq_len=seq_len, length=length)
                 entries.append(entry)
                 return y, None
             return attend
 
-        for i, block in enumerate(self.blocks):
-            h, _ = block(h, attend_for(i), deterministic=deterministic)
+        e = h
+        for r in range(self.recurrences):
+            if r:  # input injection, as in forward_embeddings
+                h = h + e
+            for i, block in enumerate(self.blocks):
+                h, _ = block(h, attend_for(i, r * len(self.blocks) + i), deterministic=deterministic)
         new_cache = cache_lib.assemble(entries, positions=all_positions, length=length + T,
                                        input_state=input_state)
         return self._output(h), new_cache
@@ -337,13 +354,17 @@ def _pair(res, return_stats):
     return res if return_stats else (res, None)
 
 
-def _collect_stats(layer_stats, logits):
+def _collect_stats(layer_stats, logits, *, blocks=None):
     """Max attention logit over layers, mean entropy over layers, output logit stats; and
-    ``max_logit_per_head`` [num_layers, H], each layer's largest logit per query head (QK-Clip)."""
+    ``max_logit_per_head`` [num_layers, H], each layer's largest logit per query head (QK-Clip; a looped
+    model's ``layer_stats`` hold every pass: each block's largest over its passes)."""
+    per_head = jnp.stack([s["max_logit_per_head"] for s in layer_stats])
+    if blocks is not None and len(layer_stats) > blocks:
+        per_head = jnp.max(per_head.reshape((-1, blocks) + per_head.shape[1:]), axis=0)
     out = {
         "max_attention_logit": jnp.max(jnp.stack([s["max_attention_logit"] for s in layer_stats])),
         "attention_entropy": jnp.mean(jnp.stack([s["attention_entropy"] for s in layer_stats])),
-        "max_logit_per_head": jnp.stack([s["max_logit_per_head"] for s in layer_stats]),
+        "max_logit_per_head": per_head,
     }
     ls = diagnostics.logit_stats(logits)
     out["logit_mean"], out["log_z"] = ls["mean"], ls["log_z"]

@@ -80,6 +80,7 @@ class ModelSpec:
     residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
     hyper_connections: str = "dynamic"  # their kind (posenc.hyper_connections.KINDS), read when streams > 1
     mla: MLASpec | None = None  # multi-head latent attention (model.mla); None: the usual attention
+    recurrences: int = 1  # passes through the layers with shared weights (a looped transformer); 1: one pass
 
     @property
     def unit_head_dim(self) -> int:
@@ -119,6 +120,13 @@ def _spec(values, train_length) -> ModelSpec:
                          f"model.norm.placement 'pre' and no parallel_residual; got {cfg.norm.placement!r}"
                          f"{' with parallel_residual' if parallel else ''}")
     hc_kind = str(cfg.hyper_connections)
+    recurrences = int(cfg.get("recurrences", 1))
+    sphere = placements.PLACEMENTS[norm_names.check_placement(cfg.norm.placement)].sphere
+    if recurrences > 1 and (streams > 1 or sphere):
+        raise ValueError(f"model.recurrences={recurrences} adds the input embeddings to the hidden state before "
+                         "every pass: it needs one residual stream (model.residual_streams 1) and a placement "
+                         f"other than 'ngpt' (the sphere); got residual_streams={streams}, placement "
+                         f"{cfg.norm.placement!r}")
     if streams == 1 and hc_kind != "dynamic":  # a kind set without streams would silently do nothing
         raise ValueError(f"model.hyper_connections={hc_kind!r} joins residual streams: it needs "
                          "model.residual_streams > 1; got 1")
@@ -163,7 +171,7 @@ def _spec(values, train_length) -> ModelSpec:
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
         logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams, hyper_connections=hc_kind,
-        mla=mla,
+        mla=mla, recurrences=recurrences,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
