@@ -58,7 +58,7 @@ class CompareConfig(Section):
     variants = Free("name -> dotted fields set by a grid entry of that name", dotted=True)
     grid = Sub(Grid)
     findings = Field("", checks.one_of(*findings.KINDS), "findings.md written after the report: randomized | "
-                                                    "interaction | sizes ('' = none)")
+                                                    "interaction | sizes | ladder ('' = none)")
     targets = Free("findings sizes: a target check, {'size': n, 'at_least': {label: v}, 'below': "
                    "{label: v}} ({} = none)", check=lambda n, v: findings.check_targets(n, v))
 

@@ -43,6 +43,11 @@ cells say ``[k unfitted, included]``.
   each label's mean and interval against its bound, and every at-least label
   minus every below label, paired by seed. Writes ``findings.md`` and
   ``plots/findings_sizes_<table>.png``.
+* ``ladder`` (:mod:`~posenc.studies.ladder`; a grid whose rows carry their
+  budget, ``train_examples``): per label the exact match at twice the training
+  size against the training examples, every seed, a logistic trend in
+  log10(examples) with its uncertainty and the examples at which it reaches
+  0.9. Writes ``findings.md`` and ``plots/findings_ladder.png``.
 """
 
 from __future__ import annotations
@@ -50,10 +55,10 @@ from __future__ import annotations
 import os
 import shutil
 
-from posenc.studies import findings_interaction, findings_randomized, findings_sizes, tables
+from posenc.studies import findings_interaction, findings_randomized, findings_sizes, ladder, tables
 
 # the kinds of findings write() knows ("": none)
-KINDS = ("", "randomized", "interaction", "sizes")
+KINDS = ("", "randomized", "interaction", "sizes", "ladder")
 
 
 def check_targets(name: str, value) -> dict:
@@ -90,6 +95,8 @@ def write(kind: str, rows, workdir: str, include_unfitted: bool = False, targets
     plots_dir = os.path.join(workdir, "plots")
     os.makedirs(plots_dir, exist_ok=True)
     md = os.path.join(workdir, "findings.md")
+    if kind == "ladder":
+        return ladder.write(rows, workdir)
     if kind == "sizes":
         tables.write(md, findings_sizes.sizes_markdown(rows, include_unfitted, targets))
         return [md] + findings_sizes.plot_sizes(rows, plots_dir, include_unfitted)
