@@ -1,7 +1,9 @@
 """The residual block: one decoder layer, attention then MLP, under the layer's norm placement.
 
 Its sublayers are ``posenc.model.layers``' ``Attention`` (or multi-head latent
-attention, ``posenc.model.latent_attention``, with ``model.mla``) and ``MLP``;
+attention, ``posenc.model.latent_attention``, with ``model.mla``; or the
+layer's recurrent mixer of ``model.layer_types``, ``posenc.model.mixers``, in
+its place: ``Block.attn`` is the layer's token mixer) and ``MLP``;
 the residual placements are ``posenc.placements`` and the whole-layer ones
 ``posenc.hybrid_norm``, ``posenc.layernorm_scaling`` and ``posenc.ngpt``;
 hyper-connections ``posenc.model.streams``.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.model import streams
+from posenc.model import mixers, streams
 from posenc.model.latent_attention import LatentAttention
 from posenc.model.layers import MLP, Attention, Norm
 from posenc.norms import hybrid_norm, layernorm_scaling, ngpt, norms, placements
@@ -32,7 +34,11 @@ class Block(nnx.Module):
         self.alpha = alpha
         # nGPT: the official scales (posenc.ngpt.init_params), step sizes alpha_A, alpha_M per layer
         sphere = ngpt.init_params(spec.d_model, spec.vocab_size, mlp_dim=spec.mlp_hidden) if n.sphere else {}
-        if spec.mla is None:
+        mixer = spec.layer_type(layer_index)
+        if mixer != "attention":  # a recurrent mixer in attention's place (model.layer_types)
+            self.attn = mixers.build(mixer, spec, encoding, dtype=dtype, rngs=rngs, layer_index=layer_index,
+                                     out_gain=beta)
+        elif spec.mla is None:
             self.attn = Attention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
                                   layer_index=layer_index, sqk=sphere.get("sqk"))
         else:  # multi-head latent attention (model.mla): its own projections and cache

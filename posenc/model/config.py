@@ -18,7 +18,7 @@ import ml_collections
 from posenc import checks
 from posenc.attention import gated
 from posenc.config.schema import Field, Section, Sub, options_section
-from posenc.model import encoding, options, registry
+from posenc.model import encoding, options, recurrent_options, registry
 from posenc.model.attention_call import IMPLS
 from posenc.norms import hyper_connections as hc_lib
 from posenc.norms import norm_names
@@ -62,6 +62,13 @@ def _spans(name, value) -> tuple[str, ...]:
     if not isinstance(value, (tuple, list)):
         raise ValueError(f"{name} must be a tuple of spans ({', '.join(encoding.SPANS)}); got {value!r}")
     return tuple(checks.choice(f"{name}[{i}]", s, encoding.SPANS) for i, s in enumerate(value))
+
+
+def _layer_types(name, value) -> tuple[str, ...]:
+    kinds = ", ".join(recurrent_options.KINDS)
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of mixers ({kinds}); got {value!r}")
+    return tuple(checks.choice(f"{name}[{i}]", t, recurrent_options.KINDS) for i, t in enumerate(value))
 
 
 class Position(Section):
@@ -145,6 +152,19 @@ class MLA(Section):
                                          "projections absorbed (posenc.mla); False: expands keys and values")
 
 
+class Recurrent(Section):
+    """model.recurrent: the options of each recurrent mixer kind of model.layer_types."""
+
+    @classmethod
+    def entries(cls):
+        found = super().entries()
+        for kind, declared in recurrent_options.OPTIONS.items():
+            section = options_section(f"{declared.__name__}Options", recurrent_options.options(kind),
+                                      declared.__doc__.strip().splitlines()[0])
+            found[kind] = Sub(section, f"options of the {kind} mixer")
+        return found
+
+
 class Model(Section):
     """model: the decoder (sizes, attention, spans, norms, positions)."""
 
@@ -204,8 +224,12 @@ class Model(Section):
     global_every = Field(0, checks.nonnegative_int, "k: layers k-1, 2k-1, ... keep a full span")
     layer_spans = Field((), _spans, "explicit per-layer spans (instead of attention_span / global_every)",
                         type=tuple)
+    layer_types = Field((), _layer_types, "each layer's token mixer: attention | mamba2 | gated_deltanet | kda | "
+                                          "short_conv | parallel_mamba2 (model.recurrent.<kind>); one per layer "
+                                          "or a period repeated; (): attention in every layer", type=tuple)
     logit_scale = Sub(LogitScale)
     mla = Sub(MLA)
+    recurrent = Sub(Recurrent)
     position = Sub(Position)
     norm = Sub(Norm)
 

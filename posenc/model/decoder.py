@@ -3,8 +3,10 @@
 ``Decoder(config.model, rngs=nnx.Rngs(seed))`` (a ConfigDict, validated by
 :class:`~posenc.model.spec.ModelSpec`, or a ModelSpec): token embedding (optional
 sqrt(D) scale), an input position embedding when the kind has one, N blocks
-of attention + MLP with any norm placement, a final norm when the placement
-has one, a tied or untied head, optional final-logit soft-capping. The
+of attention + MLP with any norm placement (a layer's attention may be a
+recurrent mixer instead, ``model.layer_types``: ``posenc.model.mixers``), a
+final norm when the placement has one, a tied or untied head, optional
+final-logit soft-capping. The
 embedding, residual and logit multipliers of MiniCPM / Granite / Cohere
 (``posenc.multipliers``) apply where set. Params
 are float32; compute runs in ``model.dtype``; logits are float32.
@@ -274,13 +276,12 @@ class Decoder(nnx.Module):
     def init_cache(self, batch_size: int, max_length: int):
         """Empty KV cache (plain arrays) for up to ``max_length`` tokens; see posenc.model.cache."""
         self.check_length(max_length)
-        units = [b.attn.encoding for b in self.blocks]
         unit = self.input_encoding
         R = self.recurrences  # every pass has its own entries: layer r * N + i is block i's pass r
         return cache_lib.init(self.num_layers * R, batch_size, max_length, self.num_kv_heads,
                               self.head_dim, self.dtype,
                               features=[self._feature_shapes(b.attn, batch_size) for b in self.blocks] * R,
-                              states=[u.init_state(batch_size) for u in units] * R,
+                              states=[b.attn.init_state(batch_size) for b in self.blocks] * R,
                               input_state=None if unit is None else unit.init_state(batch_size),
                               key_dims=[b.attn.cached_key_dim for b in self.blocks] * R,
                               value_dims=[b.attn.cached_value_dim for b in self.blocks] * R,
@@ -357,15 +358,21 @@ def _pair(res, return_stats):
 def _collect_stats(layer_stats, logits, *, blocks=None):
     """Max attention logit over layers, mean entropy over layers, output logit stats; and
     ``max_logit_per_head`` [num_layers, H], each layer's largest logit per query head (QK-Clip; a looped
-    model's ``layer_stats`` hold every pass: each block's largest over its passes)."""
+    model's ``layer_stats`` hold every pass: each block's largest over its passes). A layer without
+    attention (a recurrent mixer) reports none: its row of ``max_logit_per_head`` is -inf (QK-Clip leaves
+    it), and the max and the entropy are over the layers with attention (absent in a model of none)."""
+    attending = [s for s in layer_stats if "max_logit_per_head" in s]
+    like = attending[0]["max_logit_per_head"] if attending else jnp.zeros((0,), jnp.float32)
+    layer_stats = [s if "max_logit_per_head" in s else {**s, "max_logit_per_head": jnp.full_like(like, -jnp.inf)}
+                   for s in layer_stats]
     per_head = jnp.stack([s["max_logit_per_head"] for s in layer_stats])
     if blocks is not None and len(layer_stats) > blocks:
         per_head = jnp.max(per_head.reshape((-1, blocks) + per_head.shape[1:]), axis=0)
     out = {
-        "max_attention_logit": jnp.max(jnp.stack([s["max_attention_logit"] for s in layer_stats])),
-        "attention_entropy": jnp.mean(jnp.stack([s["attention_entropy"] for s in layer_stats])),
+        "max_attention_logit": jnp.max(jnp.stack([s["max_attention_logit"] for s in attending])),
+        "attention_entropy": jnp.mean(jnp.stack([s["attention_entropy"] for s in attending])),
         "max_logit_per_head": per_head,
-    }
+    } if attending else {"max_logit_per_head": per_head}
     ls = diagnostics.logit_stats(logits)
     out["logit_mean"], out["log_z"] = ls["mean"], ls["log_z"]
     return out

@@ -292,6 +292,10 @@ class Attention(nnx.Module):
     def cached_value_dim(self) -> int:
         return self.head_dim
 
+    def init_state(self, batch_size: int) -> dict:
+        """The cache entry's ``state`` before any token: the unit's decoding state (``Encoding.init_state``)."""
+        return self.encoding.init_state(batch_size)
+
     @property
     def cached_kv_heads(self) -> int:
         return self.num_kv_heads

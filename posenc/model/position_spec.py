@@ -68,8 +68,36 @@ def _fill(cls, values: dict, train_length: int) -> None:
             values[name] = fill(train_length) if callable(fill) else train_length
 
 
-def resolve(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSpec:
-    """``config.model.position`` -> :class:`PositionSpec`; ``head_dim``: the width the units act on."""
+def _without_attention(before, layer_kinds, overrides, attends, explicit) -> tuple[str, ...]:
+    """NoPE for the layers without attention; ValueError where ``layer_kinds`` or a rule of
+    ``model.position.layers`` names a position term for one of them (``before``: the kinds before
+    the rules)."""
+    kinds = list(layer_kinds)
+    for i, attending in enumerate(attends):
+        if attending:
+            continue
+        if explicit and explicit[i] != "nope":
+            raise ValueError(f"model.position.layer_kinds[{i}]={explicit[i]!r}: layer {i} has no attention (a "
+                             "recurrent mixer, model.layer_types), so no position term; set it to 'nope'")
+        if overrides[i]:
+            field = next(iter(overrides[i].values()))[1]
+            raise ValueError(f"{field} selects layer {i}, which has no attention (a recurrent mixer, "
+                             "model.layer_types) and no position term; select attention layers only")
+        if kinds[i] not in ("nope", before[i]):
+            raise ValueError(f"a rule of model.position.layers gives layer {i} the position kind {kinds[i]!r}, but "
+                             "it has no attention (a recurrent mixer, model.layer_types); select attention layers "
+                             "only")
+        kinds[i] = "nope"
+    return tuple(kinds)
+
+
+def resolve(p, *, head_dim, num_heads, num_layers, train_length, attends=None) -> PositionSpec:
+    """``config.model.position`` -> :class:`PositionSpec`; ``head_dim``: the width the units act on.
+
+    ``attends``: per layer, whether it has attention (``posenc.model.recurrent_spec``; None: every
+    layer). A layer without it (a recurrent mixer) has no position term: its unit is NoPE, and a
+    per-layer kind or rule option that gives it another is refused.
+    """
     kind = p.kind
     explicit = tuple(p.layer_kinds)
     if explicit:
@@ -84,7 +112,10 @@ def resolve(p, *, head_dim, num_heads, num_layers, train_length) -> PositionSpec
                     "per-layer encoding; set it as model.position.kind instead")
     per_layer = explicit or (kind,) * num_layers
     layer_kinds = tuple("nope" if registry.get(k).acts_at_input() else k for k in per_layer)
+    before = layer_kinds
     layer_kinds, overrides = layer_options_lib.resolve(p.layers, layer_kinds)
+    if attends is not None:
+        layer_kinds = _without_attention(before, layer_kinds, overrides, attends, explicit)
     used = tuple(dict.fromkeys((kind, *layer_kinds)))
     opts = {}
     for k in used:

@@ -12,8 +12,9 @@ per-layer kinds, each unit's options) is resolved here and nowhere else.
 
 Each section has its spec and its own rules: ``posenc.model.position_spec``
 (the kind and options of every layer), ``posenc.model.norm_spec``,
-``posenc.model.mla_spec`` and the per-layer ``posenc.model.layout``; the
-rules between the layers' units and the rest of the model live in
+``posenc.model.mla_spec``, ``posenc.model.recurrent_spec`` (each layer's
+mixer: attention or a recurrent kind) and the per-layer ``posenc.model.layout``;
+the rules between the layers' units and the rest of the model live in
 ``posenc.model.unit_rules``. This module assembles them and keeps the rules
 of the model-wide fields (sizes, residual forms, nGPT's model).
 """
@@ -28,11 +29,12 @@ import ml_collections
 
 from posenc import checks
 from posenc.model import config as config_lib
-from posenc.model import fused, mla_spec, norm_spec, position_spec, unit_rules
+from posenc.model import fused, mla_spec, norm_spec, position_spec, recurrent_spec, unit_rules
 from posenc.model import layout as layout_lib
 from posenc.model.mla_spec import MLASpec
 from posenc.model.norm_spec import NormSpec
 from posenc.model.position_spec import PositionSpec
+from posenc.model.recurrent_spec import RecurrentSpec
 from posenc.norms import ngpt, norm_names, placements
 
 
@@ -80,12 +82,17 @@ class ModelSpec:
     residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
     hyper_connections: str = "dynamic"  # their kind (posenc.hyper_connections.KINDS), read when streams > 1
     mla: MLASpec | None = None  # multi-head latent attention (model.mla); None: the usual attention
+    recurrent: RecurrentSpec | None = None  # each layer's mixer (model.layer_types); None: attention everywhere
     recurrences: int = 1  # passes through the layers with shared weights (a looped transformer); 1: one pass
 
     @property
     def unit_head_dim(self) -> int:
         """The width of the queries and keys every layer's encoding acts on (MLA: the rotary part)."""
         return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
+
+    def layer_type(self, layer_index: int) -> str:
+        """The mixer of a layer: "attention" or a recurrent kind (``model.layer_types``)."""
+        return "attention" if self.recurrent is None else self.recurrent.layer_types[layer_index]
 
     @classmethod
     def from_config(cls, cfg, *, train_length: int | None = None) -> ModelSpec:
@@ -144,10 +151,14 @@ def _spec(values, train_length) -> ModelSpec:
     mla = mla_spec.resolve(cfg, head_dim=head_dim, num_heads=num_heads, kv=kv)
     if mla is not None:
         kv = num_heads  # the explicit form's keys and values have every head
+    recurrent = recurrent_spec.resolve(cfg, num_layers=num_layers, d_model=d_model)
     position = position_spec.resolve(cfg.position, head_dim=head_dim if mla is None else mla.qk_rope_head_dim,
-                                     num_heads=num_heads, num_layers=num_layers, train_length=train_length)
+                                     num_heads=num_heads, num_layers=num_layers, train_length=train_length,
+                                     attends=None if recurrent is None else recurrent.attends)
     position.axes  # noqa: B018  (every multi-axis unit reads the same number of axes)
     norm = norm_spec.resolve(cfg.norm)
+    if recurrent is not None:
+        recurrent_spec.check(cfg, recurrent, norm=norm, mla=mla)
     if mla is not None:
         mla_spec.check(cfg, position, norm, rope_dim=mla.qk_rope_head_dim)
         attention_scale = attention_scale or mla.qk_head_dim ** -0.5
@@ -171,7 +182,7 @@ def _spec(values, train_length) -> ModelSpec:
         position=position, norm=norm,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
         logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams, hyper_connections=hc_kind,
-        mla=mla, recurrences=recurrences,
+        mla=mla, recurrences=recurrences, recurrent=recurrent,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
