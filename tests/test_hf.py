@@ -21,7 +21,12 @@ from posenc import hf  # noqa: E402
 from posenc.model import ModelSpec  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "hf_models")
-FAMILIES = sorted(os.listdir(DATA))
+# Fixtures whose loaders are still to come: out of FAMILIES (and the loading tests) until their family
+# module is registered.
+UNLOADED = {"bamba", "deepseek_v3_moe", "falcon_h1", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "granitemoehybrid",
+            "granitemoehybrid_moe", "kimi_linear", "lfm2", "llama4_moe", "mixtral", "nemotron_h", "olmoe", "qwen3_5",
+            "qwen3_moe", "qwen3_next_linear", "qwen3_next_moe"}
+FAMILIES = sorted(set(os.listdir(DATA)) - UNLOADED)
 TOL = 1e-4
 # Phi-3's LongRoPE switches to its long factors once the sequence passes 16 tokens (the fixture's
 # original length). posenc's cache then rotates every cached key with the long factors; HF keeps the
@@ -61,6 +66,7 @@ def test_fixtures_cover_the_families():
             types.append(json.load(config)["model_type"])
     types.sort()
     assert types == sorted(hf.registry.FAMILIES)  # every family the loader has, each once
+    assert UNLOADED <= set(os.listdir(DATA))  # the fixtures still waiting for their loaders exist
     assert {"llama", "gemma3_text", "llama4_text", "qwen3_next", "deepseek_v3", "bloom"} <= set(types)
 
 
