@@ -23,7 +23,7 @@ from posenc.model import ModelSpec  # noqa: E402
 DATA = os.path.join(os.path.dirname(__file__), "data", "hf_models")
 # Fixtures whose loaders are still to come: out of FAMILIES (and the loading tests) until their family
 # module is registered.
-UNLOADED = {"bamba", "deepseek_v3_moe", "falcon_h1", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4", "granitemoehybrid",
+UNLOADED = {"bamba", "deepseek_v3_moe", "falcon_h1", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4",
             "granitemoehybrid_moe", "kimi_linear", "lfm2", "llama4_moe", "mixtral", "nemotron_h", "olmoe", "qwen3_5",
             "qwen3_moe", "qwen3_next_moe"}
 FAMILIES = sorted(set(os.listdir(DATA)) - UNLOADED)
@@ -249,6 +249,9 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
      r"unsupported field layer_types=.*layer type 'sliding_attention'"),
     ("qwen3_next_linear", lambda c: c.update(hidden_act="gelu"), r"unsupported field hidden_act='gelu'"),
     ("qwen3_next_moe", lambda c: None, r"unsupported mixture-of-experts layers \[0, 1, 2\] .*num_experts=8"),
+    ("granitemoehybrid_moe", lambda c: None, r"unsupported field num_local_experts=4 .*mixture-of-experts"),
+    ("granitemoehybrid", lambda c: c.update(position_embedding_type="alibi"),
+     r"unsupported field position_embedding_type='alibi'"),
     ("qwen3_next", lambda c: c.update(num_experts=8, decoder_sparse_step=2),
      r"unsupported mixture-of-experts layers \[1\] .*num_experts=8"),
     ("qwen3_next", lambda c: c.pop("num_experts"),  # HF's default: 512 experts in every layer
