@@ -24,7 +24,7 @@ DATA = os.path.join(os.path.dirname(__file__), "data", "hf_models")
 # Fixtures whose loaders are still to come: out of FAMILIES (and the loading tests) until their family
 # module is registered.
 UNLOADED = {"deepseek_v3_moe", "falcon_h1", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4",
-            "granitemoehybrid_moe", "kimi_linear", "lfm2", "llama4_moe", "mixtral", "nemotron_h", "olmoe", "qwen3_5",
+            "granitemoehybrid_moe", "kimi_linear", "lfm2", "llama4_moe", "mixtral", "olmoe", "qwen3_5",
             "qwen3_moe", "qwen3_next_moe"}
 FAMILIES = sorted(set(os.listdir(DATA)) - UNLOADED)
 TOL = 1e-4
@@ -252,6 +252,10 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     ("granitemoehybrid_moe", lambda c: None, r"unsupported field num_local_experts=4 .*mixture-of-experts"),
     ("granitemoehybrid", lambda c: c.update(position_embedding_type="alibi"),
      r"unsupported field position_embedding_type='alibi'"),
+    ("nemotron_h", lambda c: c.update(layers_block_type=["linear_attention", "full_attention", "mlp", "mlp"]),
+     r"unsupported field layers_block_type=.*block 1 \('full_attention'\) breaks the \(mixer, mlp\) pairs"),
+    ("nemotron_h", lambda c: c.update(layers_block_type=["linear_attention", "moe"]),
+     r"unsupported field layers_block_type=.*blocks \[1\] are mixture-of-experts"),
     ("qwen3_next", lambda c: c.update(num_experts=8, decoder_sparse_step=2),
      r"unsupported mixture-of-experts layers \[1\] .*num_experts=8"),
     ("qwen3_next", lambda c: c.pop("num_experts"),  # HF's default: 512 experts in every layer

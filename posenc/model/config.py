@@ -26,7 +26,7 @@ from posenc.norms import norm_names
 RANDOMIZED_PER = ("batch", "example")
 LOGIT_SCALES = ("none", "ssmax", "logn", "temperature")
 LAYER_RULES = ("all", "positional", "nope")
-MLPS = ("gelu", "gelu_erf", "swiglu", "geglu")  # posenc.model.layers.MLP
+MLPS = ("gelu", "gelu_erf", "relu2", "swiglu", "geglu")  # posenc.model.layers.MLP
 BIASES = ("none", "qkv", "attention", "all")
 DTYPES = ("auto", "float32", "bfloat16")
 SINKS = ("none", "learned", "zero")  # posenc.learned_sinks: a learned sink per head, or a fixed 0
@@ -178,7 +178,7 @@ class Model(Section):
     num_kv_heads = Field(0, checks.nonnegative_int, "0: num_heads; fewer: grouped-query attention")
     head_dim = Field(0, checks.nonnegative_int, "0: d_model // num_heads")
     mlp = Field("gelu", checks.one_of(*MLPS), "gelu (tanh approximation) | gelu_erf (exact, GPT-NeoX) | "
-                                               "swiglu | geglu (tanh gate, Gemma)")
+                                               "relu2 (squared ReLU, Nemotron-H) | swiglu | geglu (tanh gate, Gemma)")
     mlp_ratio = Field(4.0, checks.positive, "MLP hidden width / d_model")
     mlp_hidden = Field(0, checks.nonnegative_int, "MLP width (0: int(mlp_ratio * d_model))")
     bias = Field("none", checks.one_of(*BIASES), "biases: none | qkv (Qwen2) | attention (q, k, v, out) | all "

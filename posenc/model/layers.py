@@ -88,11 +88,12 @@ class Norm(nnx.Module):
 
 _GATED = {"swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
 _PLAIN = {"gelu": functools.partial(jax.nn.gelu, approximate=True),
-          "gelu_erf": functools.partial(jax.nn.gelu, approximate=False)}
+          "gelu_erf": functools.partial(jax.nn.gelu, approximate=False),
+          "relu2": lambda h: jnp.square(jax.nn.relu(h))}  # squared ReLU (Nemotron-H)
 
 
 class MLP(nnx.Module):
-    """``W2 act(W1 x)`` (gelu: tanh approximation; gelu_erf: exact, GPT-NeoX) or a gated
+    """``W2 act(W1 x)`` (gelu: tanh approximation; gelu_erf: exact, GPT-NeoX; relu2: relu(x)^2) or a gated
     ``W2 (act(W1 x) * W3 x)``: SwiGLU (silu, Shazeer 2020) and GeGLU (tanh GELU, Gemma)."""
 
     def __init__(self, kind, d_model, hidden, *, dtype, gain, rngs, bias=False, suv=None):
