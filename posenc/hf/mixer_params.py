@@ -84,14 +84,14 @@ def attention(out, a, t, prefix, spec, *, offset=0.0, q_norm="q_norm", k_norm="k
         out[a + ("qk_params", "k_scale")] = offset + t(prefix + k_norm + ".weight")
 
 
-def mlp(out, b, t, prefix, *, gate="gate_proj", up="up_proj", down="down_proj", up_scale=1.0,
+def mlp(out, b, t, prefix, *, gate="gate_proj", up="up_proj", down="down_proj", gate_scale=1.0,
         down_scale=1.0):
     """A gated MLP (w1 gate, w3 up, w2 down) at ``b`` + mlp; ``gate`` None: an ungated one (w1 = up);
-    the scales fold multipliers of the up / gate and down projections into the weights."""
+    gate_scale and down_scale fold multipliers of w1 and w2 into the weights."""
     m = b + ("mlp",)
     if gate is None:
-        out[m + ("w1",)] = t(prefix + up + ".weight").T * up_scale
+        out[m + ("w1",)] = t(prefix + up + ".weight").T * gate_scale
     else:
-        out[m + ("w1",)] = t(prefix + gate + ".weight").T * up_scale
+        out[m + ("w1",)] = t(prefix + gate + ".weight").T * gate_scale
         out[m + ("w3",)] = t(prefix + up + ".weight").T
     out[m + ("w2",)] = t(prefix + down + ".weight").T * down_scale
