@@ -24,7 +24,7 @@ DATA = os.path.join(os.path.dirname(__file__), "data", "hf_models")
 # Fixtures whose loaders are still to come: out of FAMILIES (and the loading tests) until their family
 # module is registered.
 UNLOADED = {"deepseek_v3_moe", "glm4_moe", "gpt_oss", "gpt_oss_mxfp4",
-            "granitemoehybrid_moe", "kimi_linear", "llama4_moe", "mixtral", "olmoe", "qwen3_5",
+            "granitemoehybrid_moe", "llama4_moe", "mixtral", "olmoe", "qwen3_5",
             "qwen3_moe", "qwen3_next_moe"}
 FAMILIES = sorted(set(os.listdir(DATA)) - UNLOADED)
 TOL = 1e-4
@@ -259,6 +259,8 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     ("falcon_h1", lambda c: c.update(projectors_bias=True), r"unsupported field projectors_bias=True"),
     ("lfm2", lambda c: c.update(layer_types=["conv", "sliding_attention", "conv"]),
      r"unsupported field layer_types=.*layer type 'sliding_attention'"),
+    ("kimi_linear", lambda c: c.update(mlp_layer_types=["dense", "sparse"]),
+     r"unsupported field mlp_layer_types=.*layers \[1\] are mixture-of-experts"),
     ("qwen3_next", lambda c: c.update(num_experts=8, decoder_sparse_step=2),
      r"unsupported mixture-of-experts layers \[1\] .*num_experts=8"),
     ("qwen3_next", lambda c: c.pop("num_experts"),  # HF's default: 512 experts in every layer
