@@ -27,6 +27,13 @@ written token (FoX's running sum, FoX (Pro)'s previous key and value, PaTH's
 convolution inputs). PaTH's keys are stored moved through every later token
 (its ``update_cache``), as its official cache does.
 
+A recurrent layer (``model.layer_types``, ``posenc.model.mixers``) caches no
+keys or values (its ``k``, ``v`` are [B, S, 0, 0]): its ``state`` is the conv
+window (the last W - 1 inputs of its short convolution, time-major) and the
+float32 state of its scan, each mixer's layout in its module; Falcon-H1's
+``parallel_mamba2`` layer keeps its attention's keys and values and the
+state ``{"attention": ..., "mamba": ...}``.
+
 Layout::
 
     {"k": (layer 0 [B, S, K, Dk], ...), "v": (layer 0 [B, S, K, Dh], ...),  # Dk: key_dims

@@ -10,6 +10,12 @@ shared: one forward-and-gradient program per attention path (called at
 every set of positions, and with one cotangent per query for causality),
 one for both decodings, one for vmap. Results (and exceptions) are
 memoised, so a check that fails does not stop the others.
+
+The ``model`` fields may make the tiny decoder a hybrid (``model.layer_types``,
+``posenc.model.mixers``): every check then runs through its recurrent layers
+too, whose chunk size, left at its default, becomes :data:`RECURRENT_CHUNK`
+(the scans cross chunks, the last one partial; a prefill of 5 starts inside
+one), and ``finite gradients`` asks a gradient of every mixer parameter.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from posenc.model import config as config_lib
+from posenc.model import recurrent_options
 from posenc.model.decoder import Decoder
 from posenc.model.parity import decode_in_pieces, decode_stepwise, perturb_params
 from posenc.model.spec import ModelSpec
@@ -31,6 +38,7 @@ MODEL = dict(vocab_size=V, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2
 TRAIN_LENGTH = 64  # fills options that take the training length (a learned table's rows)
 PREFILL, CUTS, OFFSET = 5, (4,), 7  # decoding: a prefill then steps; pieces [0, 4) [4, L)
 SHIFTS = (4097, 10**6)
+RECURRENT_CHUNK = 4  # a recurrent kind's chunk_size left at its default
 CHECKED_IMPLS = ("dense", "blocked")
 PERTURB = 0.05
 TOLERANCE = {  # (rtol, atol) per check
@@ -76,7 +84,17 @@ def _spec(name, options, model, impl) -> ModelSpec:
     if options:
         c.position[name].update(options)
     c.update(attention_impl=impl, attention_block=BLOCK)
+    _small_chunks(c)
     return ModelSpec.from_config(c, train_length=TRAIN_LENGTH)
+
+
+def _small_chunks(c) -> None:
+    """The chunk size of every recurrent kind in use, left at its default, set to RECURRENT_CHUNK."""
+    for kind in dict.fromkeys(c.get("layer_types", ())):
+        for section in recurrent_options.SECTIONS.get(kind, ()):
+            declared = recurrent_options.options(section).get("chunk_size")
+            if declared is not None and c.recurrent[section].chunk_size == declared.default:
+                c.recurrent[section].chunk_size = RECURRENT_CHUNK
 
 
 def tiny_specs(name, options, model) -> dict[str, ModelSpec]:
@@ -112,12 +130,27 @@ def _unit_param_paths(grads):
     return out
 
 
+def _mixer_param_paths(grads, spec):
+    """(path, leaf) of the gradients of the recurrent mixers' parameters (``model.layer_types``)."""
+    if spec.recurrent is None:
+        return []
+    layers = {i for i, t in enumerate(spec.recurrent.layer_types) if t != recurrent_options.ATTENTION}
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        keys = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path]
+        if len(keys) > 2 and keys[0] == "blocks" and keys[1] in layers and keys[2] == "attn":
+            if not (len(keys) > 3 and keys[3] == "attention"):  # Falcon-H1's attention branch: not the mixer's
+                out.append((jax.tree_util.keystr(path), leaf))
+    return out
+
+
 class Runner:
     """Shared models, inputs and compiled programs of one check_encoding call."""
 
     def __init__(self, cls, specs, seed):
         self.cls = cls
         self.sphere = specs["dense"].norm.sphere
+        self.spec = specs["dense"]
         models = {impl: Decoder(s, rngs=nnx.Rngs(seed)) for impl, s in specs.items()}
         perturb_params(models["dense"], jax.random.key(seed + 1000), PERTURB)
         self.graphdefs = {impl: nnx.split(m, nnx.Param, ...)[0] for impl, m in models.items()}
@@ -289,9 +322,15 @@ class Runner:
         for path, leaf in own:
             if not np.abs(np.asarray(leaf)).max() > 0:
                 problems.append(f"the unit's parameter {path} gets no gradient")
+        mixer = _mixer_param_paths(self.forward("dense")[2][0], self.spec)
+        for path, leaf in mixer:
+            if not np.abs(np.asarray(leaf)).max() > 0:
+                problems.append(f"the recurrent mixer's parameter {path} gets no gradient")
         if problems:
             return "FAIL", "; ".join(problems)
-        return "passed", f"{len(own)} parameter(s) of the unit get finite, non-zero gradients"
+        return "passed", (f"{len(own)} parameter(s) of the unit" + (f" and {len(mixer)} of the recurrent mixers"
+                                                                    if mixer else "")
+                          + " get finite, non-zero gradients")
 
     def check_jit_and_vmap(self):
         rtol, atol = TOLERANCE["jit and vmap"]
