@@ -11,12 +11,16 @@ logit scale, the per-layer options of ``model.position.layers``); sizes stay
 the config's, except ``model.num_layers`` where a layer pattern needs a whole
 period (Gemma 3: 6, Llama 4 and SWAN-GPT: 4). Values are the published
 models' (the HF configs of the named checkpoint); a preset used at a small
-scale (configs/default.py) changes the window / chunk after applying it.
+scale (configs/default.py) changes the window / chunk after applying it. The
+hybrid families (recurrent mixers beside attention: Qwen3-Next, Falcon-H1,
+Granite 4.0-H, Kimi Linear, ...) are ``posenc.model.hybrid_presets``'.
 """
 
 from __future__ import annotations
 
 import math
+
+from posenc.model import hybrid_presets
 
 _LLAMA_LIKE = {
     "model.position.kind": "rope",
@@ -155,6 +159,8 @@ PRESETS: dict[str, dict] = {
     "t5": {"model.position.kind": "t5", "model.attention_scale": 1.0, "model.norm.kind": "rms",
            "model.norm.placement": "pre", "model.mlp": "geglu", "model.tie_embeddings": False},
 }
+
+PRESETS.update(hybrid_presets.PRESETS)
 
 
 def get(name: str) -> dict:
