@@ -8,7 +8,10 @@ holds a layer of each encoding with in-kernel terms (and RoPE, no term), so one
 lowering per program and platform covers them all: the training step (forward,
 backward, optimizer, the task's batch), the evaluation forward and greedy decoding
 through the KV cache (traced offsets). A term that cannot lower fails here with
-its platform and the lowering error.
+its platform and the lowering error. A hybrid (``model.layer_types``: every
+recurrent mixer beside attention) lowers the same three programs, the kernel
+in its attention layers and the recurrent scans, chunked and step by step, as
+XLA around it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,20 @@ def _config():
     return c
 
 
+# every recurrent mixer, an attention layer and Falcon-H1's attention beside Mamba-2
+HYBRID = ("mamba2", "attention", "gated_deltanet", "kda", "short_conv", "parallel_mamba2")
+
+
+def _hybrid_config():
+    module = importlib.import_module("posenc.configs.default")
+    c = module.get_config("tiny")
+    c.model.update(attention_impl="pallas", dtype="auto", num_layers=len(HYBRID), num_heads=4, num_kv_heads=2,
+                   layer_types=HYBRID)
+    for kind in ("mamba2", "gated_deltanet", "kda"):  # the scans cross chunks
+        c.model.recurrent[kind].chunk_size = 4
+    return c
+
+
 def _mesh(platform):
     from jax._src.mesh import AbstractDevice, AbstractMesh
 
@@ -62,15 +79,16 @@ def _shapes(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def lower(platform, program):
-    """The MLIR text of ``program`` ("train" | "eval" | "decode") lowered for ``platform``."""
+def lower(platform, program, config=_config):
+    """The MLIR text of ``program`` ("train" | "eval" | "decode") lowered for ``platform`` (``config()``:
+    the run's config)."""
     from jax import export
 
     backend = PLATFORMS[platform][0]
     step_lib.clear_cache()  # the step's jit traces inside force_backend, and is dropped after
     try:
         with fused.force_backend(backend):
-            r = prepare.resolve(_config())
+            r = prepare.resolve(config())
             assert r.spec.dtype == "bfloat16" and r.spec.attention_impl == "pallas"
             model, _, graphdef, state = loop.init_state(r)
             length = int(r.config.task.train_length)
@@ -112,6 +130,17 @@ def test_decoder_programs_lower_to_the_compiled_kernel(platform, program):
     # calls it in the prompt's pass and in the loop's body
     per_layer = len(KERNELS[program]) * (2 if program == "decode" else 1)
     assert text.count(f"@{target}") == len(KINDS) * per_layer, (platform, program)
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_hybrid_programs_lower_with_the_kernel_in_their_attention_layers(platform, program):
+    text = lower(platform, program, config=_hybrid_config)
+    for name in KERNELS[program]:
+        assert name in text, (platform, program, name)
+    per_layer = len(KERNELS[program]) * (2 if program == "decode" else 1)
+    attending = sum(t in ("attention", "parallel_mamba2") for t in HYBRID)
+    assert text.count(f"@{PLATFORMS[platform][2]}") == attending * per_layer, (platform, program)
 
 
 # ---------------------------------------------------------------- compiled for a TPU (libtpu)
