@@ -1,4 +1,4 @@
-"""posenc.hf: tiny checkpoints of eighteen HF families load into the Decoder and give transformers' logits.
+"""posenc.hf: tiny checkpoints of the HF families load into the Decoder and give transformers' logits.
 
 Fixtures: tests/data/hf_models/<family>/ (config.json, model.safetensors, logits.npz), made by
 tests/data/make_hf_fixtures.py with transformers 5.24.0 (random weights, eager float32 attention,
@@ -160,6 +160,26 @@ def test_config_of_the_families_with_layer_patterns():
     assert c2.position.layers == ({"layers": (3,), "kind": "nope"},)
     assert (c2.norm.kind, c2.parallel_residual, c2.logits_multiplier, c2.tie_embeddings) == (
         "layer_nobias", True, 0.5, True)
+
+
+def test_config_of_the_hybrids():
+    """Each hybrid's mixers per layer (model.layer_types) and the options that tell the families apart."""
+    want = {"qwen3_next_linear": ("gated_deltanet", "attention", "gated_deltanet"),
+            "qwen3_5": ("gated_deltanet", "attention", "gated_deltanet"),
+            "granitemoehybrid": ("mamba2", "attention", "mamba2"), "bamba": ("mamba2", "attention", "mamba2"),
+            "nemotron_h": ("mamba2", "attention"), "falcon_h1": ("parallel_mamba2",) * 2,
+            "lfm2": ("short_conv", "attention", "short_conv"), "kimi_linear": ("kda", "attention")}
+    c = {f: hf.config(os.path.join(DATA, f)) for f in want}
+    assert {f: tuple(m.layer_types) for f, m in c.items()} == want
+    assert c["qwen3_next_linear"].recurrent.gated_deltanet.projections == "qkvz"
+    assert c["qwen3_5"].recurrent.gated_deltanet.projections == "split"
+    assert (c["nemotron_h"].recurrent.mamba2.norm, c["nemotron_h"].mlp) == ("grouped", "relu2")
+    assert c["falcon_h1"].recurrent.mamba2.norm == "none"
+    assert c["falcon_h1"].recurrent.parallel_mamba2.ssm_multipliers == (0.5, 0.8, 1.2, 1.5, 0.7)
+    g = c["granitemoehybrid"]
+    assert (g.embedding_multiplier, g.residual_multiplier, g.attention_scale, g.logits_multiplier) == (
+        2.0, 0.5, 0.2, 0.5)
+    assert (c["kimi_linear"].position.kind, c["kimi_linear"].mla.kv_lora_rank) == ("nope", 8)
 
 
 def test_every_familys_preset_is_a_valid_model_on_its_own():
