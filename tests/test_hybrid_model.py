@@ -15,7 +15,7 @@ from flax import nnx
 
 import helpers
 from posenc.model import ModelSpec, check_encoding, conformance, mixers
-from posenc.training import decode
+from posenc.training import decode, step
 
 HYBRIDS = {
     # Granite 4.0-H / Nemotron-H: NoPE attention after three Mamba-2 layers
@@ -121,12 +121,19 @@ def test_the_qkvz_layout_groups_each_key_heads_queries_keys_values_and_gates():
     np.testing.assert_allclose(s.forward(x, None, seq_len=7), g.forward(x, None, seq_len=7), rtol=1e-5, atol=1e-6)
 
 
-def test_statistics_cover_the_attention_layers():
+def test_statistics_and_qk_clip_cover_the_attention_layers():
     tokens = helpers.tokens(2, 6)
-    _, stats = _jitted(_model(("mamba2", "attention")), tokens, return_stats=True)
+    model = _model(("mamba2", "attention"))
+    _, stats = _jitted(model, tokens, return_stats=True)
     per_head = np.asarray(stats["max_logit_per_head"])
     assert per_head.shape == (2, 4) and np.all(per_head[0] == -np.inf) and np.all(np.isfinite(per_head[1]))
     assert np.isfinite(stats["max_attention_logit"]) and np.isfinite(stats["attention_entropy"])
+    before = nnx.state(model.blocks[0].attn, nnx.Param)
+    wq = model.blocks[1].attn.wq[...]
+    assert float(step._qk_clip(model, stats["max_logit_per_head"], 1e-6)) == 4  # every attention head
+    assert not np.allclose(model.blocks[1].attn.wq[...], wq)
+    after = nnx.state(model.blocks[0].attn, nnx.Param)
+    assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), before, after))
     _, stats = _jitted(_model(("kda", "short_conv"), kind="nope"), tokens, return_stats=True)
     assert set(stats) == {"max_logit_per_head", "logit_mean", "log_z"} and stats["max_logit_per_head"].shape == (2, 0)
 
@@ -138,6 +145,12 @@ def test_greedy_decoding_of_a_hybrid_follows_its_full_forward():
     # each answer token is the full forward's argmax after the prompt and the answers before it
     logits = _jitted(model, jnp.concatenate([prompts, answers[:, :-1]], axis=1))
     np.testing.assert_array_equal(answers, jnp.argmax(logits[:, 4:], axis=-1))
+
+
+def test_a_recurrent_layer_refuses_to_drop_the_causal_mask():
+    model = _model(("short_conv", "attention"))
+    with pytest.raises(ValueError, match=r"a short_conv layer reads the tokens in order \(it is causal\)"):
+        model.forward_embeddings(jnp.zeros((1, 4, 32)), causal=False)
 
 
 @pytest.mark.parametrize("fields,message", [
