@@ -104,9 +104,9 @@ def test_a_dead_writers_temporary_files_are_found_and_removed(tmp_path):
 
 # ------------------------------------------------------------------ layers
 # the packages of the pure layer (jax, numpy and the standard library only): the family packages
-# of the public API and the attention kernels; posenc.hf loads checkpoints into the model, so it is
-# not one of them
-PURE_PACKAGES = ("encodings", "norms", "attention", "kernels")
+# of the public API (the recurrent mixers and the mixture-of-experts layers among them) and the
+# attention kernels; posenc.hf loads checkpoints into the model, so it is not one of them
+PURE_PACKAGES = ("encodings", "norms", "attention", "kernels", "recurrent", "moe")
 LAYERS = ["pure", "config", "workdir", "model", "tasks", "training", "studies", "configs", "experiments"]
 
 
