@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.model import mixers, streams
+from posenc.model import moe as moe_lib
 from posenc.model.latent_attention import LatentAttention
 from posenc.model.layers import MLP, Attention, Norm
 from posenc.norms import hybrid_norm, layernorm_scaling, ngpt, norms, placements
@@ -45,8 +46,11 @@ class Block(nnx.Module):
             self.attn = LatentAttention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
                                         layer_index=layer_index)
         self.parallel = spec.parallel_residual
-        self.mlp = MLP(spec.mlp, spec.d_model, spec.mlp_hidden, dtype=dtype, gain=beta, rngs=rngs,
-                       bias=spec.bias == "all", suv=sphere.get("suv"))
+        if moe_lib.is_moe(spec, layer_index):  # model.moe: a router and experts (posenc.model.moe)
+            self.mlp = moe_lib.MoEMLP(spec.moe, spec.d_model, gain=beta, rngs=rngs)
+        else:
+            self.mlp = MLP(spec.mlp, spec.d_model, spec.mlp_hidden, dtype=dtype, gain=beta, rngs=rngs,
+                           bias=spec.bias == "all", suv=sphere.get("suv"))
         self.steps = (nnx.Dict({k: nnx.Param(sphere[f"alpha_{k}"]) for k in ("attn", "mlp")}) if sphere
                       else None)
         self.step_scaling = ngpt.base_scale(spec.d_model)
@@ -99,7 +103,8 @@ class Block(nnx.Module):
         return placements.residual(self.placement, x, sublayer, norm, **kw)
 
     def __call__(self, x, attend, *, deterministic):
-        """x [B, L, D]; ``attend(h) -> (y, stats)`` runs this layer's attention on h."""
+        """x [B, L, D]; ``attend(h) -> (y, stats)`` runs this layer's attention on h. -> (x, stats): the
+        attention's stats, and a MoE MLP's ``routing`` (posenc.model.moe)."""
         stats = {}
 
         def attn_sub(h):
@@ -107,7 +112,12 @@ class Block(nnx.Module):
             stats.update(s or {})
             return self.dropout(y, deterministic=deterministic)
 
-        mlp_sub = lambda h: self.dropout(self.mlp(h), deterministic=deterministic)  # noqa: E731
+        def mlp_sub(h):
+            y = self.mlp(h)
+            if isinstance(y, tuple):  # a MoE MLP also gives its Routing, which the decoder collects
+                y, stats["routing"] = y
+            return self.dropout(y, deterministic=deterministic)
+
         if self.parallel:  # GPT-NeoX: both sublayers read the same input
             a, m = self._scaled(attn_sub)(self.norm1(x)), self._scaled(mlp_sub)(self.norm2(x))
             return (x + a + m).astype(x.dtype), stats

@@ -20,6 +20,7 @@ from posenc.attention import gated
 from posenc.config.schema import Field, Section, Sub, options_section
 from posenc.model import encoding, options, recurrent_options, registry
 from posenc.model.attention_call import IMPLS
+from posenc.model.moe_spec import MoE
 from posenc.norms import hyper_connections as hc_lib
 from posenc.norms import norm_names
 
@@ -229,6 +230,7 @@ class Model(Section):
                                           "or a period repeated; (): attention in every layer", type=tuple)
     logit_scale = Sub(LogitScale)
     mla = Sub(MLA)
+    moe = Sub(MoE)
     recurrent = Sub(Recurrent)
     position = Sub(Position)
     norm = Sub(Norm)

@@ -219,13 +219,13 @@ class Decoder(nnx.Module):
 
     # -- full forward -------------------------------------------------------------------
     def forward_embeddings(self, x, positions=None, *, deterministic=True, causal=True,
-                           return_stats=False, tokens=None, key=None):
+                           return_stats=False, tokens=None, key=None, routing=None):
         """Logits from token embeddings x [B, L, D] (before the input position embedding).
 
         The entry point for gradient tests (causality: d logits_i / d x_j = 0 for
         j > i). ``causal=False`` drops the causal mask (permutation tests).
         ``tokens`` [B, L]: the ids behind ``x``, for an input unit that reads
-        them (Abacus; None: it sees no token ids); ``key``: see ``__call__``.
+        them (Abacus; None: it sees no token ids); ``key``, ``routing``: see ``__call__``.
         """
         B, L, _ = x.shape
         self.check_length(L)
@@ -250,12 +250,17 @@ class Decoder(nnx.Module):
                 h, s = block(h, lambda a, hin, i=i: _pair(attend(a, hin, i), return_stats),
                              deterministic=deterministic)
                 layer_stats.append(s)
+        for s in layer_stats:  # MoE layers (posenc.model.moe): their Routing to the caller, not the stats
+            r = s.pop("routing", None)
+            if r is not None and routing is not None:
+                routing.append(r)
         logits = self._output(h)
         if not return_stats:
             return logits
         return logits, _collect_stats(layer_stats, logits, blocks=len(self.blocks))
 
-    def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False, key=None):
+    def __call__(self, tokens, positions=None, *, deterministic=True, return_stats=False, key=None,
+                 routing=None):
         """tokens int [B, L]; positions int [B, L] or [L] (default arange) -> logits [B, L, V].
 
         A model of units reading A > 1 position axes (``Encoding.position_axes``: M-RoPE,
@@ -264,13 +269,17 @@ class Decoder(nnx.Module):
 
         ``key``: a PRNG key for the training-time randomness of the input unit
         (Abacus's offset k); None (evaluation, the default) draws nothing.
+
+        ``routing``: a list to which every mixture-of-experts layer (``model.moe``) appends its
+        ``posenc.routing.Routing`` (indices, weights, router logits [B, L, E]) in the order the
+        layers ran: what the router losses of training read. None: not collected.
         """
         tokens = jnp.asarray(tokens)
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape [B, L]; got {tokens.shape}")
         return self.forward_embeddings(self.embed_tokens(tokens), positions,
                                        deterministic=deterministic, return_stats=return_stats,
-                                       tokens=tokens, key=key)
+                                       tokens=tokens, key=key, routing=routing)
 
     # -- decoding -----------------------------------------------------------------------
     def init_cache(self, batch_size: int, max_length: int):

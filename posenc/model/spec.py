@@ -29,9 +29,10 @@ import ml_collections
 
 from posenc import checks
 from posenc.model import config as config_lib
-from posenc.model import fused, mla_spec, norm_spec, position_spec, recurrent_spec, unit_rules
+from posenc.model import fused, mla_spec, moe_spec, norm_spec, position_spec, recurrent_spec, unit_rules
 from posenc.model import layout as layout_lib
 from posenc.model.mla_spec import MLASpec
+from posenc.model.moe_spec import MoESpec
 from posenc.model.norm_spec import NormSpec
 from posenc.model.position_spec import PositionSpec
 from posenc.model.recurrent_spec import RecurrentSpec
@@ -82,6 +83,7 @@ class ModelSpec:
     residual_streams: int = 1  # hyper-connections (posenc.hyper_connections); 1: off, nothing added
     hyper_connections: str = "dynamic"  # their kind (posenc.hyper_connections.KINDS), read when streams > 1
     mla: MLASpec | None = None  # multi-head latent attention (model.mla); None: the usual attention
+    moe: MoESpec | None = None  # mixture-of-experts MLPs (model.moe); None: every MLP dense
     recurrent: RecurrentSpec | None = None  # each layer's mixer (model.layer_types); None: attention everywhere
     recurrences: int = 1  # passes through the layers with shared weights (a looped transformer); 1: one pass
 
@@ -157,6 +159,8 @@ def _spec(values, train_length) -> ModelSpec:
                                      attends=None if recurrent is None else recurrent.attends)
     position.axes  # noqa: B018  (every multi-axis unit reads the same number of axes)
     norm = norm_spec.resolve(cfg.norm)
+    moe = moe_spec.resolve(cfg, num_layers=num_layers, mlp_hidden=mlp_hidden or int(d_model * mlp_ratio),
+                           sphere=norm.sphere)
     if recurrent is not None:
         recurrent_spec.check(cfg, recurrent, norm=norm, mla=mla)
     if mla is not None:
@@ -179,7 +183,7 @@ def _spec(values, train_length) -> ModelSpec:
         attention_block=sizes["attention_block"], attention_impl=cfg.attention_impl,
         attention_causal_block=int(cfg.attention_causal_block),
         attention_sinks=cfg.attention_sinks, attention_gate=cfg.attention_gate,
-        position=position, norm=norm,
+        position=position, norm=norm, moe=moe,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
         logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams, hyper_connections=hc_kind,
         mla=mla, recurrences=recurrences, recurrent=recurrent,
