@@ -161,6 +161,7 @@ REFUSED = [
     ({"router": "sigmoid_top_k", "n_group": 2, "topk_group": 1, "num_experts_per_tok": 3},
      r"num_experts_per_tok=3 must be <= the experts of the kept groups"),
     ({"swiglu_limit": 5.0}, r"swiglu_limit=5.0 is set, but only glu 'clamped_swiglu' reads it"),
+    ({"bias_update_rate": 0.01}, r"bias_update_rate=0.01 moves the score correction bias"),
     ({"shared_expert_gate": True}, r"shared_expert_gate=True is set, but there is no shared expert"),
     ({"mlp_only_layers": (0, 2)}, r"mlp_only_layers has index 2, past the last layer \(model.num_layers=2\)"),
     ({"first_k_dense_replace": 2}, r"model.moe makes no layer MoE"),

@@ -71,7 +71,8 @@ METHOD_FIELDS = {  # variant -> (resolved field, value): each method's one switc
     "gated_attention": ("model.attention_gate", "elementwise"),
     "gated_attention_headwise": ("model.attention_gate", "headwise"),
     "sinks": ("model.attention_sinks", "learned"), "minicpm_multipliers": ("model.embedding_multiplier", 12.0),
-    "hyper_connections": ("model.residual_streams", 4), "mhc": ("model.hyper_connections", "mhc")}
+    "hyper_connections": ("model.residual_streams", 4), "mhc": ("model.hyper_connections", "mhc"),
+    "moe": ("model.moe.num_experts", 8), "moe_router_z_loss": ("model.moe.router_z_loss_coef", 1e-3)}
 
 
 def _get(config, dotted):

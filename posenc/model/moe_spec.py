@@ -74,7 +74,7 @@ class MoE(Section):
     routed_scaling_factor = Field(1.0, checks.positive, "sigmoid_top_k: weights times this (DeepSeek-V3: 2.5)")
     score_correction_bias = Field(False, checks.boolean,
                                   "sigmoid_top_k: e_score_correction_bias [E], added to the scores for the "
-                                  "choice only, not trained")
+                                  "choice only, not trained (moved by bias_update_rate)")
     router_bias = Field(False, checks.boolean, "a bias of the router logits (gpt-oss)")
     router_dtype = Field("compute", checks.one_of(*ROUTER_DTYPES),
                          "router logits in the compute dtype | float32 (DeepSeek-V3, GLM-4.5)")
@@ -99,11 +99,17 @@ class MoE(Section):
                  "the routed experts: blocked (a batched matmul over blocks of rows sorted by expert, "
                  "posenc.expert_blocks) | ragged (jax.lax.ragged_dot, posenc.experts; dense on XLA:CPU) | "
                  "dense (every expert on every token: the reference)")
+    router_aux_loss_coef = Field(0.01, checks.nonnegative, "weight of the load-balancing loss in training "
+                                 "(Switch: 0.01; Mixtral 0.02, Qwen3-MoE 0.001; 0 = off)")
+    router_z_loss_coef = Field(0.0, checks.nonnegative, "weight of the ST-MoE router z-loss in training "
+                               "(ST-MoE, OLMoE: 0.001; 0 = off)")
+    bias_update_rate = Field(1e-3, checks.nonnegative, "score_correction_bias: DeepSeek-V3's loss-free update "
+                             "after every optimizer step, bias += rate * sign(mean load - load) (0 = off)")
 
 
 @dataclasses.dataclass(frozen=True)
 class MoESpec:
-    """``model.moe`` resolved: the layers it applies to, the widths and the router."""
+    """``model.moe`` resolved: the layers it applies to, the widths, the router and the loss weights."""
 
     num_experts: int
     top_k: int
@@ -126,6 +132,9 @@ class MoESpec:
     shared_expert_gate: bool
     layers: tuple[bool, ...]  # per layer: MoE (True) or the dense MLP
     impl: str
+    router_aux_loss_coef: float
+    router_z_loss_coef: float
+    bias_update_rate: float
 
     def router_keywords(self) -> dict:
         """The keywords of ``posenc.routing.ROUTERS[self.router]`` (the correction bias is passed per call)."""
@@ -172,6 +181,9 @@ def resolve(cfg, *, num_layers: int, mlp_hidden: int, sphere: bool) -> MoESpec |
             if _changed(m, defaults, field):
                 raise ValueError(f"model.moe.{field}={m[field]!r} is set, but only glu 'clamped_swiglu' reads "
                                  f"it; got glu {m.glu!r}")
+    if not m.score_correction_bias and _changed(m, defaults, "bias_update_rate"):
+        raise ValueError(f"model.moe.bias_update_rate={m.bias_update_rate!r} moves the score correction "
+                         "bias: it needs model.moe.score_correction_bias=True")
     if not m.n_shared_experts:
         for field in ("shared_expert_intermediate_size", "shared_expert_gate"):
             if _changed(m, defaults, field):
@@ -190,7 +202,9 @@ def resolve(cfg, *, num_layers: int, mlp_hidden: int, sphere: bool) -> MoESpec |
         routed_scaling_factor=float(m.routed_scaling_factor), score_correction_bias=bool(m.score_correction_bias),
         router_bias=bool(m.router_bias), router_dtype=m.router_dtype, expert_bias=bool(m.expert_bias), glu=m.glu,
         swiglu_alpha=float(m.swiglu_alpha), swiglu_limit=float(m.swiglu_limit), scale=m.scale,
-        shared_intermediate=shared, shared_expert_gate=bool(m.shared_expert_gate), layers=layers, impl=m.impl)
+        shared_intermediate=shared, shared_expert_gate=bool(m.shared_expert_gate), layers=layers, impl=m.impl,
+        router_aux_loss_coef=float(m.router_aux_loss_coef), router_z_loss_coef=float(m.router_z_loss_coef),
+        bias_update_rate=float(m.bias_update_rate))
 
 
 def _check_groups(E, k, n_group, topk_group) -> None:

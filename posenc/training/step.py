@@ -46,6 +46,7 @@ it enters a program.
 Losses (masked to answer tokens, ``m``):
   loss = sum(m * CE(logits, targets)) / sum(m)
   total = loss + z_loss_weight * mean_m(logsumexp(logits)^2)   (PaLM z-loss)
+          + the router losses of a mixture-of-experts model (posenc.training.moe_terms)
   accuracy = sum(m * [argmax == target]) / sum(m)
   exact_match = mean over examples with any answer token of [all answer tokens right]
 """
@@ -61,7 +62,7 @@ from flax import nnx
 
 from posenc.encodings import absolute, pose
 from posenc.norms import z_loss
-from posenc.training import dataset, optim, specs
+from posenc.training import dataset, moe_terms, optim, specs
 from posenc.training import sharding as sharding_lib
 
 
@@ -150,12 +151,14 @@ def _train_step(spec: specs.TrainSpec, mesh=None):
         model, optimizer = nnx.merge(graphdef, state)
         batch, positions = _train_batch(spec, key, mesh, _at(spec, at))
         mgraph, params, rest = nnx.split(model, nnx.Param, ...)
+        moe = moe_terms.MoETerms.of(model)  # None for a dense model (model.moe)
 
         def loss_fn(params):
             m = nnx.merge(mgraph, params, rest)
+            routing = [] if moe else None  # each MoE layer's Routing of this forward
             # the input unit's training randomness (Abacus's offset): a key apart from the data's
             out = m(batch["inputs"], positions, deterministic=False, key=jax.random.fold_in(key, 1),
-                    return_stats=bool(spec.qk_clip))
+                    return_stats=bool(spec.qk_clip), routing=routing)
             logits, stats = out if spec.qk_clip else (out, None)
             metrics = masked_metrics(logits, batch["targets"], batch["mask"])
             if spec.qk_clip:  # the step's own forward: its largest logit per layer and head
@@ -164,6 +167,10 @@ def _train_step(spec: specs.TrainSpec, mesh=None):
                   if z_weight > 0 else jnp.zeros((), jnp.float32))
             total = metrics["loss"] + zl
             metrics.update(z_loss=zl, total_loss=total)
+            if moe:  # the router losses on the logits of this forward
+                router, moe_metrics = moe_terms.losses(moe, routing)
+                total = total + router
+                metrics.update(moe_metrics, total_loss=total)
             return total, metrics
 
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -171,6 +178,8 @@ def _train_step(spec: specs.TrainSpec, mesh=None):
         metrics["lr"] = schedule(optimizer.step[...])
         optimizer.update(model, grads)
         model.constrain()
+        if moe:  # DeepSeek-V3's loss-free balancing: the correction biases move by the step's loads
+            moe_terms.update_bias(model, moe, metrics)
         if spec.qk_clip:
             metrics["qk_clipped_heads"] = _qk_clip(model, metrics.pop("max_logit_per_head"), spec.qk_clip)
         new_state = nnx.state((model, optimizer))
