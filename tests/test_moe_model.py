@@ -185,3 +185,33 @@ def test_refused_with_ngpt_and_an_unknown_field_is_named():
     c.moe.num_expert = 8
     with pytest.raises(ValueError, match=r"did you mean 'model.moe.num_experts'"):
         ModelSpec.from_config(c)
+
+
+def test_each_moe_preset_is_its_familys_router_and_layers():
+    from posenc.model import presets
+
+    want = {"mixtral": ("softmax_top_k", 2, 0, (True, True)), "qwen3_moe": ("softmax_top_k", 2, 0, (True, True)),
+            "olmoe": ("softmax_top_k", 2, 0, (True, True)), "deepseek_v3_moe": ("sigmoid_top_k", 2, 64, (False, True)),
+            "glm4_moe": ("sigmoid_top_k", 2, 64, (False, True)), "gpt_oss": ("top_k_softmax", 2, 0, (True, True)),
+            "llama4_moe": ("top_k_sigmoid", 1, 64, (True,) * 4)}
+    for name, (router, k, shared, layers) in want.items():
+        c = _preset(name)
+        c.mlp_hidden = 64
+        m = ModelSpec.from_config(c, train_length=16).moe
+        assert (m.router, m.top_k, m.shared_intermediate, m.layers) == (router, k, shared, layers), name
+    olmoe = presets.get("olmoe")
+    assert (olmoe["model.moe.router_aux_loss_coef"], olmoe["model.moe.router_z_loss_coef"]) == (0.01, 0.001)
+    ds = ModelSpec.from_config(_preset("deepseek_v3_moe"), train_length=16)
+    assert ds.moe.score_correction_bias and (ds.moe.n_group, ds.moe.topk_group) == (4, 2) and ds.mla is not None
+
+
+def _preset(name):
+    import ml_collections
+
+    from posenc.config import overrides
+    from posenc.model import presets
+
+    c = ml_collections.ConfigDict({"model": model_config()})
+    overrides.apply(c, presets.get(name))
+    c.model.update(d_model=32, num_heads=4, vocab_size=16)
+    return c.model

@@ -162,6 +162,58 @@ PRESETS: dict[str, dict] = {
 
 PRESETS.update(hybrid_presets.PRESETS)
 
+# Mixture-of-experts families (model.moe; posenc.model.moe): each family's attention and norms, its router,
+# experts and shared experts, which layers are MoE, and its training losses (router_aux_loss_coef and
+# router_z_loss_coef as its config or paper sets them). The expert counts are small (8, top-2; the
+# checkpoint's own in the comment): like the widths they are sizes, which posenc.hf sets per checkpoint.
+_MOE = {"model.moe.num_experts": 8, "model.moe.num_experts_per_tok": 2}
+_SIGMOID_ROUTER = {"model.moe.router": "sigmoid_top_k", "model.moe.norm_topk_prob": True,
+                   "model.moe.routed_scaling_factor": 2.5, "model.moe.score_correction_bias": True,
+                   "model.moe.router_dtype": "float32", "model.moe.n_shared_experts": 1,
+                   "model.moe.router_aux_loss_coef": 0.0}  # balanced by the bias update, not a loss
+PRESETS.update({
+    # Mixtral 8x7B: Llama-like layers, RoPE 1e6, 8 experts top-2 renormalised (the real counts)
+    "mixtral": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.position.rope.base": 1e6, **_MOE,
+                "model.moe.norm_topk_prob": True, "model.moe.router_aux_loss_coef": 0.02},
+    # Qwen3-MoE (30B-A3B: 128 experts, top-8): Qwen3's layers, top-k renormalised, weights rounded to
+    # the logits' dtype
+    "qwen3_moe": {**PRESETS["qwen3"], **_MOE, "model.moe.norm_topk_prob": True, "model.moe.round_weights": True,
+                  "model.moe.router_aux_loss_coef": 0.001},
+    # OLMoE-1B-7B (64 experts, top-8): RMSNorm of the whole q / k projections, top-k not renormalised,
+    # weights rounded; the load-balancing (0.01) and router z-loss (0.001) weights of the OLMoE paper
+    "olmoe": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.position.rope.base": 10000.0,
+              "model.norm.qk_norm": "rms_full", **_MOE, "model.moe.round_weights": True,
+              "model.moe.router_aux_loss_coef": 0.01, "model.moe.router_z_loss_coef": 0.001},
+    # DeepSeek-V3 with its experts (256 in 8 groups, top-8 within the best 4 groups; layers from
+    # first_k_dense_replace = 3 on): sigmoid scores plus the correction bias for the choice, scaled by
+    # 2.5, one shared expert, the loss-free bias update (1e-3); here 8 experts in 4 groups, the best 2,
+    # MoE from layer 1. The "deepseek_v3" preset is its attention and dense layers alone.
+    "deepseek_v3_moe": {**PRESETS["deepseek_v3"], **_MOE, **_SIGMOID_ROUTER, "model.moe.n_group": 4,
+                        "model.moe.topk_group": 2, "model.moe.first_k_dense_replace": 1},
+    # GLM-4.5 (160 experts, top-8, one group; MoE from layer 3): DeepSeek-V3's router and shared expert,
+    # pre-norm, q / k / v biases, per-head QK-norm, RoPE 1e6 on half of each head (pairs (j, j + d/4))
+    "glm4_moe": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.bias": "qkv", "model.norm.qk_norm": "rms",
+                 "model.position.rope.base": 1e6, "model.position.rope.rotary_fraction": 0.5, **_MOE,
+                 **_SIGMOID_ROUTER, "model.moe.first_k_dense_replace": 1},
+    # gpt-oss-20b (32 experts, top-4): sliding-window (128) and full layers alternating, learned sinks,
+    # biases on q, k, v, o, YaRN x32 from 4096 (no truncation); softmax over the top-k logits of a router
+    # with a bias, experts with biases and the clamped SwiGLU; router_aux_loss_coef 0.9 (its config)
+    "gpt_oss": {**_LLAMA_LIKE, "model.norm.eps": 1e-5, "model.bias": "attention", "model.num_layers": 2,
+                "model.attention_sinks": "learned", "model.attention_span": "window",
+                "model.attention_window": 128, "model.global_every": 2,
+                "model.position.rope.base": 150000.0, "model.position.rope.scaling": "yarn",
+                "model.position.rope.factor": 32.0, "model.position.rope.original_length": 4096,
+                "model.position.rope.beta_fast": 32.0, "model.position.rope.beta_slow": 1.0,
+                "model.position.rope.truncate": False, **_MOE, "model.moe.router": "top_k_softmax",
+                "model.moe.router_bias": True, "model.moe.expert_bias": True, "model.moe.glu": "clamped_swiglu",
+                "model.moe.router_aux_loss_coef": 0.9},
+    # Llama 4 text (Scout: 16 experts, Maverick: 128 on every 2nd layer): Llama 4's attention layers,
+    # top-1 sigmoid router whose score scales the expert's input, one shared expert
+    "llama4_moe": {**PRESETS["llama4"], **_MOE, "model.moe.num_experts_per_tok": 1,
+                   "model.moe.router": "top_k_sigmoid", "model.moe.scale": "input",
+                   "model.moe.n_shared_experts": 1, "model.moe.router_aux_loss_coef": 0.001},
+})
+
 
 def get(name: str) -> dict:
     """A copy of preset ``name``; ValueError listing the presets."""
