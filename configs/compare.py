@@ -96,6 +96,17 @@ Args:
               coupling against NoPE and RoPE, 2 seeds trained together; an
               accelerator's run (benchmarks/accelerator_check.py runs it with
               fewer steps when its budget is short).
+    arithmetic_cpu  the official recipe on 2 CPU cores (Cho et al. 2024, McLeish et al.
+              2024): coupling, Abacus (one layer looped twice, offsets up to 100),
+              rope and nope on addition of 1-16 digit operands drawn independently,
+              a fixed set of 100 000 examples in epochs, 4500 steps without a fit
+              stop, evaluated during training; decoded at 16, 24, 32, 48 digits, the
+              last parameters and those of lowest validation loss at 48 digits
+              (checkpoint best_long_val), 3 seeds trained together (35-56 min).
+    arithmetic_ladder  coupling's and Abacus's exact match at 32 digits against the
+              training examples (1e5, 2e5, 5e5: a tasks entry per budget) with that
+              recipe, 3 seeds; findings.md: the plot and the logistic trend to 0.9
+              (posenc.studies.ladder; 55-88 min).
     grid_quick  2D extrapolation: grid_copy (a k x k grid posed row by row, copied
               after SEP; (t, h, w) ids as Qwen2-VL's get_rope_index) trained on
               k <= 3, evaluated at k = 3, 4, 5, 6 (19, 33, 51, 73 tokens); arms rope,

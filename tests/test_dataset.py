@@ -73,7 +73,7 @@ def test_examples_are_fixed_and_their_coupled_start_is_drawn_at_each_visit():
                                                            np.asarray(batch["position_ids"][row])))
         assert not np.asarray(batch["mask"])[~np.asarray(valid)].any()  # the last batch's rest adds no loss
     assert sorted(visits) == list(range(n)) and all(len(v) == 2 for v in visits.values())
-    for (tok1, ids1), (tok2, ids2) in visits.values():
+    for (tok1, _), (tok2, _) in visits.values():
         np.testing.assert_array_equal(tok1, tok2)  # the same example at each visit
     starts = [(ids1[2], ids2[2]) for (_, ids1), (_, ids2) in visits.values()]  # the first digit's id: s0 + 1
     assert any(a != b for a, b in starts)  # the start id drawn anew (official: torch.randint in __getitem__)

@@ -48,8 +48,8 @@ import collections
 import numpy as np
 
 from posenc.studies import tables
-from posenc.training.selection import SELECTED
 from posenc.studies.stats import interval, t_quantile  # noqa: F401  (re-exported)
+from posenc.training.selection import SELECTED
 
 LEVEL_ORDER = ("R", "DCF", "CS", None)
 LEVEL_NAMES = {"R": "regular", "DCF": "deterministic context-free", "CS": "context-sensitive"}
