@@ -27,7 +27,8 @@ Three parts (``--parts``), one JSON row per measurement, then a verdict line per
 * ``memory``: peak memory of the teacher-forced forward (``model(tokens)``, jitted, batch 1) at
   ``--memory_length``, ``--memory_d_model``, each model in its own child process: XLA's compiled memory
   analysis (temporaries + arguments + outputs: noise free) and the process's peak RSS during the call
-  (VmHWM reset through /proc/self/clear_refs after compiling). Target: a hybrid's XLA peak at most the
+  (VmHWM reset through /proc/self/clear_refs after compiling; ``--memory_timeout`` keeps the analysis
+  alone of a forward that runs past it). Target: a hybrid's XLA peak at most the
   attention model's (the RSS peak is printed beside it).
 """
 
@@ -204,6 +205,11 @@ def memory_child(name: str, args) -> None:
     tokens = jax.random.randint(jax.random.key(1), (1, args.memory_length), 0, int(c.model.vocab_size))
     compiled = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)).lower(state, tokens).compile()
     analysis = compiled.memory_analysis()
+    row = {"kind": "memory", "model": name, "length": args.memory_length, "d_model": args.memory_d_model,
+           "xla_temp_mib": round(analysis.temp_size_in_bytes / 2**20, 1) if analysis else None,
+           "xla_total_mib": round((analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+                                   + analysis.output_size_in_bytes) / 2**20, 1) if analysis else None}
+    print(json.dumps(row), flush=True)  # the compiled program's, should the forward not finish in time
     before = _rss("VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -214,12 +220,8 @@ def memory_child(name: str, args) -> None:
     began = time.perf_counter()
     jax.block_until_ready(compiled(state, tokens))
     seconds = time.perf_counter() - began
-    row = {"kind": "memory", "model": name, "length": args.memory_length, "d_model": args.memory_d_model,
-           "xla_temp_mib": round(analysis.temp_size_in_bytes / 2**20, 1) if analysis else None,
-           "xla_total_mib": round((analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
-                                   + analysis.output_size_in_bytes) / 2**20, 1) if analysis else None,
-           "rss_before_mib": round(before / 2**20, 1), "peak_rss_mib": round(_rss("VmHWM") / 2**20, 1),
-           "peak_reset": reset, "forward_s": round(seconds, 1), "load_average": round(os.getloadavg()[0], 2)}
+    row.update(rss_before_mib=round(before / 2**20, 1), peak_rss_mib=round(_rss("VmHWM") / 2**20, 1),
+               peak_reset=reset, forward_s=round(seconds, 1), load_average=round(os.getloadavg()[0], 2))
     row["peak_over_before_mib"] = round(row["peak_rss_mib"] - row["rss_before_mib"], 1)
     print(json.dumps(row), flush=True)
 
@@ -227,11 +229,16 @@ def memory_child(name: str, args) -> None:
 def memory_part(args, argv) -> None:
     rows = {}
     for name in MEMORY_MODELS:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.hybrid_speed", *argv, "--memory_child", name],
-                             capture_output=True, text=True, check=False)
-        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-        if out.returncode or not lines:
-            print(json.dumps({"kind": "memory", "model": name, "error": out.stderr[-2000:]}), flush=True)
+        try:
+            out = subprocess.run([sys.executable, "-m", "benchmarks.hybrid_speed", *argv, "--memory_child", name],
+                                 capture_output=True, text=True, check=False, timeout=args.memory_timeout or None)
+            stdout, stderr, failed = out.stdout, out.stderr, out.returncode
+        except subprocess.TimeoutExpired as e:  # the compiled analysis only; no RSS peak
+            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            stderr, failed = "timed out", 0
+        lines = [x for x in stdout.splitlines() if x.startswith("{")]
+        if failed or not lines:
+            print(json.dumps({"kind": "memory", "model": name, "error": stderr[-2000:]}), flush=True)
             continue
         print(lines[-1], flush=True)
         rows[name] = json.loads(lines[-1])
@@ -243,11 +250,11 @@ def memory_part(args, argv) -> None:
         if name in rows:
             r = rows[name]
             ok = r["xla_total_mib"] <= base["xla_total_mib"]  # the compiled program's: RSS is reported beside it
-            parts.append(f"{name} XLA {r['xla_total_mib']:,.0f} MiB, RSS peak +{r['peak_over_before_mib']:,.0f} MiB: "
-                         f"{'HOLDS' if ok else 'MISSED'}")
+            parts.append(f"{name} XLA {r['xla_total_mib']:,.0f} MiB, RSS peak +{r.get('peak_over_before_mib', '?')} "
+                         f"MiB: {'HOLDS' if ok else 'MISSED'}")
     print(f"memory (L {args.memory_length}, d_model {args.memory_d_model}, batch 1): attention XLA "
-          f"{base['xla_total_mib']:,.0f} MiB, RSS peak +{base['peak_over_before_mib']:,.0f} MiB; target hybrid's XLA "
-          "peak <= attention's: " + "; ".join(parts), flush=True)
+          f"{base['xla_total_mib']:,.0f} MiB, RSS peak +{base.get('peak_over_before_mib', '?')} MiB; "
+          "target hybrid's XLA peak <= attention's: " + "; ".join(parts), flush=True)
 
 
 def main(argv=None) -> None:
@@ -269,6 +276,8 @@ def main(argv=None) -> None:
                         help="largest longest/shortest per-token time ratio counted as flat")
     parser.add_argument("--memory_length", type=int, default=65536)
     parser.add_argument("--memory_d_model", type=int, default=128)
+    parser.add_argument("--memory_timeout", type=int, default=0,
+                        help="seconds a child may run (0: no limit); past it, its compiled analysis alone")
     parser.add_argument("--memory_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
