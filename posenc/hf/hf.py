@@ -10,13 +10,17 @@ with the checkpoint's sizes, RoPE, spans and norms. Parameters are read with
 ``safetensors``' numpy API (``pip install posenc[hf]``): torch is not needed.
 
 Families (``config.json`` ``model_type``): llama (Llama 2 / 3.x, SmolLM),
-mistral, qwen2, qwen3 (dense), smollm3, gemma2, gemma3_text, llama4_text
-(dense layers), olmo2, olmo3, exaone4, glm4, cohere2, gpt_neox, phi3, bloom,
-deepseek_v3 (dense layers), and the hybrids of attention and recurrent
-mixers (``model.layer_types``): qwen3_next and qwen3_5_text (Gated DeltaNet),
-granitemoehybrid, bamba and nemotron_h (Mamba-2), falcon_h1 (attention and
-Mamba-2 side by side), lfm2 (short convolutions), kimi_linear (Kimi Delta
-Attention and NoPE MLA). Their mixture-of-experts layers are refused.
+mistral, qwen2, qwen3 (dense), smollm3, gemma2, gemma3_text, llama4_text,
+olmo2, olmo3, exaone4, glm4, cohere2, gpt_neox, phi3, bloom, deepseek_v3, the
+mixtures of experts (``model.moe``) mixtral, qwen3_moe, olmoe, gpt_oss (float
+or MXFP4 experts, dequantized on load), glm4_moe, with deepseek_v3 and
+llama4_text, and the hybrids of attention and recurrent mixers
+(``model.layer_types``): qwen3_next (with its experts) and qwen3_5_text (Gated
+DeltaNet), granitemoehybrid (with its experts), bamba and nemotron_h
+(Mamba-2), falcon_h1 (attention and Mamba-2 side by side), lfm2 (short
+convolutions), kimi_linear (Kimi Delta Attention and NoPE MLA). Nemotron-H's
+and Kimi Linear's experts, multi-token-prediction layers' weights and vision
+towers are refused.
 Config formats of transformers 4.x (``rope_theta``,
 ``rope_scaling``) and 5.x (``rope_parameters``) are both read. An
 unsupported architecture or field is a ValueError of one line naming it.

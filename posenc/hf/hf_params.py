@@ -77,9 +77,24 @@ GEMMA_NORMS = {"norm1": "input_layernorm", "norm1_out": "post_attention_layernor
 REORDERED_NORMS = {"norm1": "post_attention_layernorm", "norm2": "post_feedforward_layernorm"}
 
 
-def llama_params(hf, tensors, spec, *, mlp="mlp", norms=None):
+def dense_mlp(out, path, t, m, spec):
+    """The gated MLP whose tensors are named ``m`` + ``gate_proj`` / ``up_proj`` / ``down_proj``."""
+    if t.has(m + "gate_up_proj.weight"):  # Phi-3, GLM-4: [gate; up]
+        gate, up = np.split(t(m + "gate_up_proj.weight"), 2)
+    else:
+        gate, up = t(m + "gate_proj.weight"), t(m + "up_proj.weight")
+    out[path + ("w1",)], out[path + ("w3",)] = gate.T, up.T
+    out[path + ("w2",)] = t(m + "down_proj.weight").T
+    if spec.bias == "all":
+        out[path + ("b1",)] = t(m + "gate_proj.bias")
+        out[path + ("b3",)] = t(m + "up_proj.bias")
+        out[path + ("b2",)] = t(m + "down_proj.bias")
+
+
+def llama_params(hf, tensors, spec, *, mlp="mlp", norms=None, moe=None):
     """The Llama-style layers: ``mlp`` names the MLP's module, ``norms`` maps posenc's block norms to HF's
-    (default: by the spec's placement, :data:`PRE_NORMS` or :data:`GEMMA_NORMS`)."""
+    (default: by the spec's placement, :data:`PRE_NORMS` or :data:`GEMMA_NORMS`); ``moe(out, path, t,
+    layer_prefix, spec)`` places the MLP of the layers that ``spec.moe`` makes mixture-of-experts."""
     t, out = Tensors(tensors), {}
     H, K, Dh = spec.num_heads, spec.num_kv_heads, spec.head_dim
     offset = 1.0 if spec.norm.kind == "rms_offset" else 0.0  # Gemma's (1 + w) gains
@@ -107,17 +122,10 @@ def llama_params(hf, tensors, spec, *, mlp="mlp", norms=None):
         if t.has(a + "q_norm.weight"):  # per head (Gemma 3, Qwen 3) or whole projection (OLMo 2)
             out[b + ("attn", "qk_params", "q_scale")] = offset + t(a + "q_norm.weight")
             out[b + ("attn", "qk_params", "k_scale")] = offset + t(a + "k_norm.weight")
-        m = p + mlp + "."
-        if t.has(m + "gate_up_proj.weight"):  # Phi-3, GLM-4: [gate; up]
-            gate, up = np.split(t(m + "gate_up_proj.weight"), 2)
+        if moe is not None and spec.moe is not None and spec.moe.layers[i]:
+            moe(out, b + ("mlp",), t, p, spec)  # a mixture-of-experts MLP (posenc.hf.moe_params)
         else:
-            gate, up = t(m + "gate_proj.weight"), t(m + "up_proj.weight")
-        out[b + ("mlp", "w1")], out[b + ("mlp", "w3")] = gate.T, up.T
-        out[b + ("mlp", "w2")] = t(m + "down_proj.weight").T
-        if spec.bias == "all":
-            out[b + ("mlp", "b1")] = t(m + "gate_proj.bias")
-            out[b + ("mlp", "b3")] = t(m + "up_proj.bias")
-            out[b + ("mlp", "b2")] = t(m + "down_proj.bias")
+            dense_mlp(out, b + ("mlp",), t, p + mlp + ".", spec)
         for ours, theirs in norms.items():
             norm(out, b + (ours,), t, p + theirs, "rms")
     t.done()

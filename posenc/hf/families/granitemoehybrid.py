@@ -1,4 +1,4 @@
-"""Granite 4.0-H (``granitemoehybrid``) with dense MLPs: Mamba-2 layers among attention layers.
+"""Granite 4.0-H (``granitemoehybrid``): Mamba-2 layers among attention layers, dense or MoE MLPs.
 
 The ``mamba`` layers are Mamba-2 (``model.layer_types`` entry ``mamba2``, the
 gated norm over the whole inner width), the ``attention`` layers Llama's with
@@ -7,14 +7,17 @@ RoPE or none (``position_embedding_type``); every layer's MLP is the
 multipliers: the embeddings times ``embedding_multiplier``, each residual
 branch times ``residual_multiplier``, the softmax scale
 ``attention_multiplier``, the logits divided by ``logits_scaling``.
-Mixture-of-experts layers (``num_local_experts`` > 0) are refused in one line.
+With ``num_local_experts`` > 0 every layer's MLP is a mixture of experts
+(``model.moe``: a softmax over the top-k router logits, experts of width
+``intermediate_size`` stored stacked in ``block_sparse_moe``) plus the
+``shared_mlp`` as its shared expert.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from posenc.hf import fields, hf_params, mixer_fields, mixer_params, rope_fields
+from posenc.hf import fields, hf_params, mixer_fields, mixer_params, moe_fields, rope_fields
 from posenc.hf.registry import Family, register, unsupported
 
 MIXER_OF = {"mamba": "mamba2", "linear_attention": "mamba2", "attention": "attention",
@@ -40,18 +43,20 @@ def set_position(hf, out, kind):
 
 
 def granitemoehybrid_fields(hf):
-    """Granite 4.0-H (dense): Mamba-2 and attention layers, the shared MLP, Granite's multipliers."""
-    if hf.get("num_local_experts", 0):
-        raise unsupported(hf, "num_local_experts", "its layers are mixture-of-experts, which this loader does "
-                          "not place (a checkpoint with num_local_experts=0, the shared MLP alone, loads)")
+    """Granite 4.0-H: Mamba-2 and attention layers, the shared MLP (and experts), Granite's multipliers."""
     n = int(hf["num_hidden_layers"])
     types = hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"] * n
     mixers = mixer_fields.mixers(hf, n, types, MIXER_OF)
     embedding = hf.get("position_embedding_type", "nope") or "nope"
     if embedding not in ("rope", "nope"):
         raise unsupported(hf, "position_embedding_type", "posenc reads rope or nope here")
+    experts = hf  # the experts' width is intermediate_size, the shared MLP's shared_intermediate_size
     hf = {**hf, "intermediate_size": hf.get("shared_intermediate_size", hf.get("intermediate_size"))}
     out = fields.llama_core(hf, "granitemoehybrid", o_bias=True)
+    if hf.get("num_local_experts", 0):  # every layer: softmax over the top-k logits, plus the shared MLP
+        moe_fields.moe(experts, out, width_key="intermediate_size")
+        out.update({"model.moe.router": "top_k_softmax", "model.moe.n_shared_experts": 1,
+                    "model.moe.shared_expert_intermediate_size": int(hf["intermediate_size"])})
     set_position(hf, out, embedding)
     if embedding == "rope":
         rope_fields.set_rope(out, rope_fields.rope_options(hf, rope_fields.rope_params(hf)))
@@ -81,7 +86,15 @@ def granitemoehybrid_params(hf, tensors, spec):
             mixer_params.attention(out, b + ("attn",), t, p + "self_attn.", spec)
         else:
             mixer_params.mamba2(out, b + ("attn",), t, p + "mamba.", spec.recurrent.options["mamba2"])
-        shared_mlp(out, b, t, p + "shared_mlp.")
+        if spec.moe is not None and spec.moe.layers[i]:  # experts [E, 2I, H] / [E, H, I], the shared MLP
+            m, e = b + ("mlp",), p + "block_sparse_moe."
+            out[m + ("router",)] = t(e + "router.layer.weight").T
+            out[m + ("gate_up",)] = np.swapaxes(t(e + "input_linear.weight"), 1, 2)
+            out[m + ("down",)] = np.swapaxes(t(e + "output_linear.weight"), 1, 2)
+            out[m + ("shared_gate_up",)] = t(p + "shared_mlp.input_linear.weight").T
+            out[m + ("shared_down",)] = t(p + "shared_mlp.output_linear.weight").T
+        else:
+            shared_mlp(out, b, t, p + "shared_mlp.")
         for ours, theirs in hf_params.PRE_NORMS.items():
             hf_params.norm(out, b + (ours,), t, p + theirs, "rms")
     t.done()

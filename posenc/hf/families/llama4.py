@@ -1,18 +1,21 @@
-"""Llama 4 (text, dense layers): chunked-attention RoPE layers and global NoPE layers (iRoPE).
+"""Llama 4 (text): chunked-attention RoPE layers, global NoPE layers (iRoPE) and mixture-of-experts MLPs.
 
 Every ``no_rope_layer_interval``-th layer is NoPE and global, the others
 rotate (complex pairs (2i, 2i + 1)) within chunks of
 ``attention_chunk_size``; the NoPE layers scale their queries with
-length (``attn_temperature_tuning``). Mixture-of-experts layers are refused
-in one line (a text model with ``moe_layers=[]`` loads).
+length (``attn_temperature_tuning``). The layers of ``moe_layers`` (or every
+``interleave_moe_layer_step``-th) are mixture-of-experts (preset
+``llama4_moe``): a top-1 sigmoid router whose weight scales the expert's
+input, experts of width ``intermediate_size`` and a shared expert; the dense
+layers' width is ``intermediate_size_mlp``.
 """
 
 from __future__ import annotations
 
 import functools
 
-from posenc.hf import fields, hf_params, rope_fields
-from posenc.hf.registry import Family, register, unsupported
+from posenc.hf import fields, hf_params, moe_fields, moe_params, rope_fields
+from posenc.hf.registry import Family, register
 
 
 def llama4_fields(hf):
@@ -21,12 +24,14 @@ def llama4_fields(hf):
     if moe is None:
         step = hf.get("interleave_moe_layer_step", 1)
         moe = list(range(step - 1, hf["num_hidden_layers"], step)) if step else []
-    if moe:
-        raise unsupported(hf, "moe_layers", f"layers {moe} are mixture-of-experts, which posenc does "
-                          "not have (a text model with moe_layers=[] loads)")
     fields.refuse(hf, {"attention_bias": ((False,), "posenc's Llama 4 layers have no biases")})
+    experts = hf  # the experts' width is intermediate_size, the dense MLPs' intermediate_size_mlp
     hf = {**hf, "intermediate_size": hf.get("intermediate_size_mlp", hf.get("intermediate_size"))}
-    out = fields.base(hf, "llama4")
+    out = fields.base(hf, "llama4_moe" if moe else "llama4")
+    if moe:  # the MoE layers as the complement of mlp_only_layers
+        only = [i for i in range(hf["num_hidden_layers"]) if i not in moe]
+        moe_fields.moe({**experts, "decoder_sparse_step": 1, "mlp_only_layers": only}, out,
+                       width_key="intermediate_size")
     out["model.mlp"] = fields.act(hf, "hidden_act", {"silu": "swiglu"})
     n = out["model.num_layers"]
     interval = hf.get("no_rope_layer_interval", 4)
@@ -54,4 +59,15 @@ def llama4_fields(hf):
     return out
 
 
-register("llama4_text", Family("llama4", llama4_fields, functools.partial(hf_params.llama_params, mlp="feed_forward")))
+def _experts(out, path, t, layer_prefix, spec):
+    """Llama 4's router (top-1 sigmoid), experts stored as posenc's [E, H, 2I] / [E, I, H] (gate and up
+    as halves) and the shared expert."""
+    m = layer_prefix + "feed_forward."
+    out[path + ("router",)] = t(m + "router.weight").T
+    out[path + ("gate_up",)] = t(m + "experts.gate_up_proj")
+    out[path + ("down",)] = t(m + "experts.down_proj")
+    moe_params.shared(out, path, t, m + "shared_expert.")
+
+
+register("llama4_text", Family("llama4", llama4_fields, functools.partial(
+    hf_params.llama_params, mlp="feed_forward", moe=_experts)))

@@ -1,16 +1,18 @@
-"""Qwen3-Next: gated full-attention layers and Gated DeltaNet layers, with dense MLPs.
+"""Qwen3-Next: gated full-attention layers and Gated DeltaNet layers, with mixture-of-experts MLPs.
 
 Gated attention (each head's gate after its query in q_proj), (1 + w)
 RMSNorms, per-head qk-norm and partial RoPE; the ``linear_attention`` layers
 are Gated DeltaNet (``model.layer_types`` entry ``gated_deltanet``, its
-projections grouped by key head: in_proj_qkvz, in_proj_ba). Mixture-of-experts
-MLPs are refused in one line: a checkpoint whose MLPs are dense
-(``num_experts`` 0 or every layer in ``mlp_only_layers``) loads.
+projections grouped by key head: in_proj_qkvz, in_proj_ba). The MLPs are
+mixture-of-experts (``model.moe``: softmax top-k with the weights rounded, a
+shared expert of width ``shared_expert_intermediate_size`` scaled by
+``sigmoid(x . shared_expert_gate)``) except on ``mlp_only_layers`` and off
+``decoder_sparse_step``, which keep a dense MLP of ``intermediate_size``.
 """
 
 from __future__ import annotations
 
-from posenc.hf import fields, hf_params, mixer_params, rope_fields
+from posenc.hf import fields, hf_params, mixer_params, moe_fields, moe_params, rope_fields
 from posenc.hf.registry import Family, register, unsupported
 
 # HF layer_types -> posenc's model.layer_types
@@ -40,18 +42,19 @@ def gated_deltanet_fields(hf, projections):
 
 def qwen3_next_fields(hf):
     """Qwen3-Next: gated attention (each head's gate after its query in q_proj), (1 + w) RMSNorms,
-    per-head qk-norm, partial RoPE, Gated DeltaNet layers and dense MLPs."""
+    per-head qk-norm, partial RoPE, Gated DeltaNet layers, dense and mixture-of-experts MLPs."""
     n = int(hf["num_hidden_layers"])
     every = hf.get("full_attention_interval", 4)  # HF's layer_types when the config has none
     mixers = layer_types(hf, n, fields.every(n, every, "linear_attention", "full_attention"))
     experts, step = hf.get("num_experts", 512), hf.get("decoder_sparse_step", 1)
     dense = set(hf.get("mlp_only_layers") or ())
     moe = [i for i in range(n) if i not in dense and experts and step and (i + 1) % step == 0]
-    if moe:
-        raise ValueError(f"unsupported mixture-of-experts layers {moe} in config.json (model_type "
-                         f"'qwen3_next', num_experts={experts}): posenc's MLPs are dense (a "
-                         "checkpoint with num_experts=0 or every layer in mlp_only_layers loads)")
     out = fields.llama_core(hf, "qwen3_next")
+    if moe:  # softmax top-k (weights rounded), a shared expert scaled by sigmoid(x . g)
+        moe_fields.moe({**hf, "num_experts": experts}, out, options=("norm_topk_prob",))
+        out.update({"model.moe.round_weights": True, "model.moe.n_shared_experts": 1,
+                    "model.moe.shared_expert_gate": True, "model.moe.shared_expert_intermediate_size":
+                    int(hf.get("shared_expert_intermediate_size") or hf["moe_intermediate_size"])})
     p = rope_fields.rope_params(hf)
     p.setdefault("partial_rotary_factor", 0.25)  # HF's default for Qwen3-Next
     rope_fields.set_rope(out, rope_fields.rope_options(hf, p))
@@ -77,7 +80,12 @@ def qwen3_next_params(hf, tensors, spec):
             mixer_params.attention(out, b + ("attn",), t, p + "self_attn.", spec, offset=1.0)
         else:
             mixer_params.gated_deltanet(out, b, t, p + "linear_attn.", spec.recurrent.options["gated_deltanet"])
-        mixer_params.mlp(out, b, t, p + "mlp.")
+        if spec.moe is not None and spec.moe.layers[i]:
+            moe_params.softmax_moe()(out, b + ("mlp",), t, p, spec)
+            moe_params.shared(out, b + ("mlp",), t, p + "mlp.shared_expert.")
+            out[b + ("mlp", "shared_expert_gate")] = t(p + "mlp.shared_expert_gate.weight")[0]
+        else:
+            mixer_params.mlp(out, b, t, p + "mlp.")
         for ours, theirs in hf_params.PRE_NORMS.items():
             hf_params.norm(out, b + (ours,), t, p + theirs, "rms")
     t.done()
