@@ -307,6 +307,19 @@ def test_multi_token_prediction_weights_are_refused_in_one_line(tmp_path, family
     assert "\n" not in str(err.value)
 
 
+def test_assign_sets_the_correction_bias_of_a_built_model():
+    """params + assign on a Decoder built from the config: DeepSeek-V3's e_score_correction_bias (a
+    variable, not a Param) is set with the parameters, and the logits are transformers'."""
+    from posenc.model import Decoder, ModelSpec
+
+    path = os.path.join(DATA, "deepseek_v3_moe")
+    spec = ModelSpec.from_config(hf.config(path))
+    model = hf.assign(Decoder(spec, rngs=nnx.Rngs(0)), hf.params(path, spec))
+    z = _fixture("deepseek_v3_moe")
+    assert float(np.abs(np.asarray(model.blocks[1].mlp.e_score_correction_bias[...])).max()) > 0
+    assert float(np.abs(np.asarray(jax.jit(model)(jnp.asarray(z["tokens"]))) - z["logits"]).max()) < TOL
+
+
 def test_qwen3_next_with_every_layer_in_mlp_only_layers_loads_dense(tmp_path):
     """Experts in the config but none in a layer (mlp_only_layers): the dense checkpoint's logits."""
     z = _fixture("qwen3_next")

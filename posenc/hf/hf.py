@@ -52,6 +52,7 @@ import posenc.hf.families  # noqa: F401  (importing it registers every family)
 from posenc.config import overrides as overrides_lib
 from posenc.hf import registry
 from posenc.model import Decoder, ModelSpec, model_config
+from posenc.model import moe as moe_lib
 
 
 def _read_config(model_dir) -> dict:
@@ -109,8 +110,9 @@ def params(model_dir, spec: ModelSpec, *, hf: dict | None = None,
 
 
 def assign(model: Decoder, values: dict) -> Decoder:
-    """Set the parameters of ``model`` (in place) from {flat path: array}; every one must be given."""
-    state = nnx.state(model, nnx.Param)
+    """Set the parameters of ``model`` (in place) from {flat path: array}; every one must be given (with
+    DeepSeek-V3's correction biases, variables of the MoE that are not parameters)."""
+    state = nnx.state(model, nnx.Any(nnx.Param, moe_lib.CorrectionBias))
     flat = nnx.traversals.flatten_mapping(nnx.to_pure_dict(state))
     missing = sorted(set(flat) - set(values))
     extra = sorted(set(values) - set(flat))
