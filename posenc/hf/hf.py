@@ -87,7 +87,8 @@ def config(model_dir, *, overrides=None) -> ml_collections.ConfigDict:
 
 
 def read_tensors(model_dir) -> dict[str, np.ndarray]:
-    """Every tensor of the ``*.safetensors`` files in ``model_dir``, as float32 numpy arrays."""
+    """Every tensor of the ``*.safetensors`` files in ``model_dir``, as float32 numpy arrays (uint8 ones,
+    MXFP4 blocks and scales, as stored: the family dequantizes them)."""
     from safetensors.numpy import load_file
 
     files = sorted(glob.glob(os.path.join(os.fspath(model_dir), "*.safetensors")))
@@ -97,7 +98,8 @@ def read_tensors(model_dir) -> dict[str, np.ndarray]:
     tensors = {}
     for path in files:
         for name, value in load_file(path).items():
-            tensors[name] = np.asarray(value, np.float32)  # bf16 / fp16 through ml_dtypes
+            # bf16 / fp16 through ml_dtypes; packed uint8 kept (a quarter of float32's memory)
+            tensors[name] = value if value.dtype == np.uint8 else np.asarray(value, np.float32)
     return tensors
 
 

@@ -38,8 +38,8 @@ def gpt_oss_fields(hf):
 def _expert_matrix(t, name):
     """``name`` ([E, H, 2I] / [E, I, H]), or its MXFP4 ``name_blocks`` / ``name_scales`` dequantized."""
     if t.has(name + "_blocks"):
-        blocks = np.asarray(t(name + "_blocks")).astype(np.uint8)  # read as float32: exact integers
-        scales = np.asarray(t(name + "_scales")).astype(np.uint8)
+        blocks = np.asarray(t(name + "_blocks")).astype(np.uint8, copy=False)  # given as float32: exact
+        scales = np.asarray(t(name + "_scales")).astype(np.uint8, copy=False)
         return mxfp4.dequantize_experts(blocks, scales, dtype=np.float32)
     return t(name)
 
