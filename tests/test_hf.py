@@ -307,6 +307,18 @@ def test_multi_token_prediction_weights_are_refused_in_one_line(tmp_path, family
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("family,default", [("qwen3_moe", False), ("olmoe", False), ("qwen3_next_moe", True)])
+def test_a_config_without_norm_topk_prob_takes_transformers_default(tmp_path, family, default):
+    assert hf.config(os.path.join(DATA, family)).moe.norm_topk_prob == _fixture_config(family)["norm_topk_prob"]
+    cfg = hf.config(_copy(family, tmp_path, lambda c: c.pop("norm_topk_prob")))
+    assert cfg.moe.norm_topk_prob is default
+
+
+def _fixture_config(family):
+    with open(os.path.join(DATA, family, "config.json")) as f:
+        return json.load(f)
+
+
 def test_assign_sets_the_correction_bias_of_a_built_model():
     """params + assign on a Decoder built from the config: DeepSeek-V3's e_score_correction_bias (a
     variable, not a Param) is set with the parameters, and the logits are transformers'."""

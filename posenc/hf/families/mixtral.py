@@ -35,7 +35,7 @@ def qwen3_moe_fields(hf):
     """Qwen3-MoE: Qwen 3's layers (a window on every layer with use_sliding_window), its experts."""
     out = fields.llama_core(hf, "qwen3_moe")
     _spans(hf, out, hf.get("sliding_window") if hf.get("use_sliding_window") else None)
-    moe_fields.moe(hf, out, options=("norm_topk_prob",))
+    moe_fields.moe({"norm_topk_prob": False, **hf}, out, options=("norm_topk_prob",))  # HF's default
     return out
 
 

@@ -51,7 +51,8 @@ def qwen3_next_fields(hf):
     moe = [i for i in range(n) if i not in dense and experts and step and (i + 1) % step == 0]
     out = fields.llama_core(hf, "qwen3_next")
     if moe:  # softmax top-k (weights rounded), a shared expert scaled by sigmoid(x . g)
-        moe_fields.moe({**hf, "num_experts": experts}, out, options=("norm_topk_prob",))
+        moe_fields.moe({"norm_topk_prob": True, **hf, "num_experts": experts}, out,  # HF's default
+                       options=("norm_topk_prob",))
         out.update({"model.moe.round_weights": True, "model.moe.n_shared_experts": 1,
                     "model.moe.shared_expert_gate": True, "model.moe.shared_expert_intermediate_size":
                     int(hf.get("shared_expert_intermediate_size") or hf["moe_intermediate_size"])})
