@@ -206,7 +206,7 @@ BAD = [
     (dict(norm=dict(kind="batch")), "unknown norm kind 'batch'"),
     (dict(norm=dict(placement="middle")), "unknown norm placement 'middle'"),
     (dict(norm=dict(qk_norm="cosine")), "unknown qk_norm 'cosine'"),
-    (dict(mlp="relu"), "unknown model.mlp 'relu'; choose one of: geglu, gelu, gelu_erf, swiglu"),
+    (dict(mlp="relu"), "unknown model.mlp 'relu'; choose one of: geglu, gelu, gelu_erf, relu2, swiglu"),
     (dict(dtype="float16"), "unknown model.dtype 'float16'; choose one of: auto, bfloat16, float32"),
     (dict(attention_impl="flash"), "unknown model.attention_impl 'flash'"),
     (dict(attention_causal_block=-8), r"model.attention_causal_block must be an integer >= 0; got -8"),

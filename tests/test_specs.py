@@ -53,6 +53,7 @@ CHANGES = {
     "eval.max_tokens_per_step": 32,
     "eval.sizes": "exact",
     "eval.decode": False,
+    "eval.decode_rows": 2,
     "eval.variants": {"long": {"model.position.rope.base": 500.0}},
     # the text protocol's fields (checked on a text config)
     "eval.tokens": 64,

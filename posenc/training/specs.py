@@ -202,5 +202,6 @@ HOST_FIELDS = {
     "eval.lengths": "each length is its own program (its LengthProgram)",
     "eval.seed": "the evaluation keys: arguments of the program",
     "eval.position_buckets": "text rows: buckets of the per-position sums, on the host",
+    "eval.decode_rows": "which failing rows are decoded: a seeded sample drawn on the host",
     "eval.variants": "model fields: each variant's ModelSpec is the model's own graph",
 }
