@@ -317,3 +317,32 @@ def test_pose_and_drope_fine_tune_at_the_base_length_without_a_zero_shot_point(t
                        ("pose", 2, 16), ("pose", 2, 32), ("drope", 2, 16), ("drope", 2, 32)}
     # DroPE's weights are the base's (RoPE has none): its fine-tune starts from the base's loss at L with NoPE
     assert all(r["loss"] is not None for r in rows)
+
+
+def test_a_mixture_of_experts_checkpoint_is_extended_zero_shot(tmp_path):
+    """The extension study on a loaded MoE model as on a dense one: the tiny gpt-oss (sinks, a sliding
+    layer, experts, its own YaRN) as it ships, and with the study's YaRN at 2x its training length."""
+    pytest.importorskip("safetensors")
+    from posenc import hf
+
+    model_dir = os.path.join(os.path.dirname(__file__), "data", "hf_models", "gpt_oss")
+    tokens = tmp_path / "corpus.bin"
+    np.random.default_rng(0).integers(0, 96, 6000).astype(np.uint16).tofile(tokens)  # the fixture's 96 ids
+    c = tiny_config()
+    c.base_hf = model_dir
+    c.base.task.options = {"tokens": str(tokens)}
+    c.base.task.train_length = 8
+    c.base.eval.update(batch_size=2, num_batches=1, tokens=16)
+    c.methods, c.factors, c.finetune_steps = ("default", "yarn"), (2,), (0,)
+    rows = studies.run("extend", c, str(tmp_path / "ext"))
+    assert {(r["method"], r["eval_length"]) for r in rows} == {(m, n) for m in c.methods for n in (8, 16)}
+    model, base = hf.load(model_dir), extend_runs.hf_base(c)
+    assert base.spec.moe is not None  # the experts were loaded, not a dense stand-in
+    batch = base.task.sequential_batch(0, 2, 8, split="eval")
+    from posenc.training import step
+
+    loss = step.masked_metrics(model(batch["inputs"]), batch["targets"], batch["mask"])["loss"]
+    loss_of = {(r["method"], r["eval_length"]): r["loss"] for r in rows}
+    assert loss_of["default", 8] == pytest.approx(float(loss), rel=1e-5)  # the checkpoint itself
+    assert all(np.isfinite(v) for v in loss_of.values())
+    assert loss_of["yarn", 16] != pytest.approx(loss_of["default", 16], rel=1e-4)  # the study's YaRN acts
