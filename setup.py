@@ -11,4 +11,7 @@ from setuptools import find_packages, setup
 
 ROOT_FOLDERS = {"posenc.configs": "configs", "posenc.experiments": "experiments"}
 
-setup(packages=[*find_packages(include=["posenc", "posenc.*"]), *ROOT_FOLDERS], package_dir=ROOT_FOLDERS)
+ROOT_PACKAGES = [f"{package}.{sub}" if sub else package for package, folder in ROOT_FOLDERS.items()
+                 for sub in ("", *find_packages(folder))]  # with their subpackages (configs/compare_grids)
+
+setup(packages=[*find_packages(include=["posenc", "posenc.*"]), *ROOT_PACKAGES], package_dir=ROOT_FOLDERS)

@@ -88,12 +88,9 @@ def test_foreign_lines_are_found():
 
 def test_cpu_only_without_accelerators_respects_a_choice(monkeypatch):
     """A platform the user chose (or a forced TPU) is kept; a visible accelerator keeps every backend."""
-    import jax
-
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
-    assert backends.cpu_only_without_accelerators() is False
-    monkeypatch.delenv("JAX_PLATFORMS")
-    monkeypatch.setattr(jax.config, "jax_platforms", None, raising=False)
+    assert backends.chosen_platforms() == "cuda" and backends.cpu_only_without_accelerators() is False
+    monkeypatch.setattr(backends, "chosen_platforms", lambda: "")
     monkeypatch.setenv("JAX_FORCE_TPU_INIT", "1")
     assert backends.cpu_only_without_accelerators() is False
     monkeypatch.delenv("JAX_FORCE_TPU_INIT")

@@ -42,8 +42,15 @@ def cpu_only_without_accelerators() -> bool:
     platforms; True if it did. Call before the first JAX computation (importing jax is fine)."""
     import jax
 
-    if (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "JAX_FORCE_TPU_INIT" in os.environ
-            or sys.platform == "darwin" or visible_accelerator() is not None):
+    if (chosen_platforms() or "JAX_FORCE_TPU_INIT" in os.environ or sys.platform == "darwin"
+            or visible_accelerator() is not None):
         return False
     jax.config.update("jax_platforms", "cpu")
     return True
+
+
+def chosen_platforms() -> str:
+    """The platforms the user chose (``JAX_PLATFORMS`` or ``--jax_platforms``), "" if none."""
+    import jax
+
+    return os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
