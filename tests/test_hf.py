@@ -257,8 +257,10 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
 
 @pytest.mark.parametrize("family,edit,message", [
     ("llama", lambda c: c.update(model_type="mamba"), r"unsupported architecture model_type='mamba'"),
-    ("llama", lambda c: c.update(model_type="deepseek_v4"), r"unsupported architecture model_type='deepseek_v4'"),
-    ("llama4", lambda c: c.update(model_type="llama4"), r"unsupported architecture model_type='llama4'"),
+    ("llama", lambda c: c.update(model_type="deepseek_v4"),
+     r"unsupported architecture model_type='deepseek_v4': its compressed attention .* hash routing"),
+    ("llama4", lambda c: c.update(model_type="llama4"),
+     r"unsupported architecture model_type='llama4': .*vision tower"),
     ("llama", lambda c: c.update(hidden_act="relu"), r"unsupported field hidden_act='relu'"),
     ("llama", lambda c: c["rope_parameters"].update(rope_type="su"), r"unsupported field rope_type='su'"),
     ("smollm3", lambda c: c.update(layer_types=["sliding_attention"] * 4, sliding_window=8),

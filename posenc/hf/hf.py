@@ -19,8 +19,12 @@ llama4_text, and the hybrids of attention and recurrent mixers
 DeltaNet), granitemoehybrid (with its experts), bamba and nemotron_h
 (Mamba-2), falcon_h1 (attention and Mamba-2 side by side), lfm2 (short
 convolutions), kimi_linear (Kimi Delta Attention and NoPE MLA). Nemotron-H's
-and Kimi Linear's experts, multi-token-prediction layers' weights and vision
-towers are refused.
+and Kimi Linear's experts, multi-token-prediction layers' weights, DeepSeek-V4
+(its compressed attention and hash routing) and vision towers (multimodal
+llama4) are refused, each naming what posenc cannot express.
+The tensors are read one at a time as they are placed
+(:mod:`posenc.hf.checkpoint`), so loading a checkpoint peaks near the loaded
+model's float32 size (``benchmarks/load_memory.py``).
 Config formats of transformers 4.x (``rope_theta``,
 ``rope_scaling``) and 5.x (``rope_parameters``) are both read. An
 unsupported architecture or field is a ValueError of one line naming it.
@@ -39,7 +43,6 @@ when every id fits, else uint32; the text task reads it with
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
@@ -51,6 +54,7 @@ from flax import nnx
 import posenc.hf.families  # noqa: F401  (importing it registers every family)
 from posenc.config import overrides as overrides_lib
 from posenc.hf import registry
+from posenc.hf.checkpoint import Checkpoint
 from posenc.model import Decoder, ModelSpec, model_config
 from posenc.model import moe as moe_lib
 
@@ -86,21 +90,10 @@ def config(model_dir, *, overrides=None) -> ml_collections.ConfigDict:
     return c.model
 
 
-def read_tensors(model_dir) -> dict[str, np.ndarray]:
-    """Every tensor of the ``*.safetensors`` files in ``model_dir``, as float32 numpy arrays (uint8 ones,
-    MXFP4 blocks and scales, as stored: the family dequantizes them)."""
-    from safetensors.numpy import load_file
-
-    files = sorted(glob.glob(os.path.join(os.fspath(model_dir), "*.safetensors")))
-    if not files:
-        raise ValueError(f"{model_dir!s} has no *.safetensors file (convert .bin checkpoints with "
-                         "transformers' save_pretrained(safe_serialization=True))")
-    tensors = {}
-    for path in files:
-        for name, value in load_file(path).items():
-            # bf16 / fp16 through ml_dtypes; packed uint8 kept (a quarter of float32's memory)
-            tensors[name] = value if value.dtype == np.uint8 else np.asarray(value, np.float32)
-    return tensors
+def read_tensors(model_dir) -> Checkpoint:
+    """The tensors of the ``*.safetensors`` files in ``model_dir``: a mapping that reads each when asked
+    for, as float32 (uint8 ones, MXFP4 blocks and scales, as stored: the family dequantizes them)."""
+    return Checkpoint(model_dir)
 
 
 def params(model_dir, spec: ModelSpec, *, hf: dict | None = None,
@@ -151,14 +144,17 @@ def load(model_dir, *, overrides=None, seed: int = 0) -> Decoder:
     rng = {p: (jax.random.key(seed + i) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key)
                else jax.numpy.zeros(v.shape, v.dtype))
            for i, (p, v) in enumerate(flat.items()) if p not in values}
-    filled = {**rng, **{p: jax.numpy.asarray(v, jax.numpy.float32) for p, v in values.items()}}
-    missing = sorted(p for p in flat if p not in filled)
+    wanted = nnx.state(abstract, nnx.Any(nnx.Param, moe_lib.CorrectionBias))
+    missing = sorted(p for p in nnx.traversals.flatten_mapping(nnx.to_pure_dict(wanted)) if p not in values)
     if missing:
         raise ValueError(f"checkpoint lacks parameter {'.'.join(map(str, missing[0]))}")
     for p, want in flat.items():
         if p in values and tuple(values[p].shape) != tuple(want.shape):
             raise ValueError(f"parameter {'.'.join(map(str, p))} has shape {values[p].shape} in the "
                              f"checkpoint; the model wants {tuple(want.shape)}")
+    filled = dict(rng)
+    for p in list(values):  # one tensor at a time: each host copy goes as its array comes
+        filled[p] = jax.numpy.asarray(values.pop(p), jax.numpy.float32)
     nnx.replace_by_pure_dict(state, nnx.traversals.unflatten_mapping(filled))
     return nnx.merge(graph, state)
 

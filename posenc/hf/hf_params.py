@@ -12,15 +12,21 @@ tensors in its own module (:mod:`posenc.hf.families`) with the helpers here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+
+from posenc.hf.checkpoint import View
 
 
 class Tensors:
-    """The checkpoint's tensors, each taken once; the ones left over are an error."""
+    """The checkpoint's tensors (any mapping of name to array), each taken once; the ones left over are an
+    error."""
 
-    def __init__(self, tensors: dict, ignore=("rotary_emb.inv_freq", "attention.bias",
-                                              "attention.masked_bias")):
-        self.t = {k: v for k, v in tensors.items() if not k.endswith(ignore)}
+    def __init__(self, tensors: Mapping, ignore=("rotary_emb.inv_freq", "attention.bias",
+                                                 "attention.masked_bias")):
+        # a view: a lazily read checkpoint (posenc.hf.checkpoint) is read a tensor at a time, as taken
+        self.t = View(tensors, {k: k for k in tensors if not k.endswith(ignore)})
         self.used: set[str] = set()
 
     def __call__(self, name):

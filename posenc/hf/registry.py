@@ -4,7 +4,9 @@ Each module of :mod:`posenc.hf.families` registers its families when it is
 imported (``register("llama", Family(...))``); the package imports every one
 of its modules, so a new family is one new module there and no list names it.
 :func:`family` looks a checkpoint's family up and refuses, in one line, a
-``model_type`` that no module registered.
+``model_type`` that no module registered, or one that a module declared
+refused (:func:`refuse`: an architecture posenc knows and cannot express,
+with the reason).
 """
 
 from __future__ import annotations
@@ -30,19 +32,30 @@ class Family:
 
 # model_type -> Family, filled by the modules of posenc.hf.families as they are imported
 FAMILIES: dict[str, Family] = {}
+# model_type -> why posenc cannot load it (what in the architecture it cannot express)
+REFUSED: dict[str, str] = {}
 
 
 def register(model_type: str, family: Family) -> Family:
     """Register ``family`` for checkpoints whose ``config.json`` has ``model_type``; returns it."""
-    if model_type in FAMILIES:
+    if model_type in FAMILIES or model_type in REFUSED:
         raise ValueError(f"model_type {model_type!r} is registered twice (posenc.hf.families)")
     FAMILIES[model_type] = family
     return family
 
 
+def refuse(model_type: str, why: str) -> None:
+    """Refuse checkpoints whose ``config.json`` has ``model_type``, in one line saying ``why``."""
+    if model_type in FAMILIES or model_type in REFUSED:
+        raise ValueError(f"model_type {model_type!r} is registered twice (posenc.hf.families)")
+    REFUSED[model_type] = why
+
+
 def family(hf: dict) -> Family:
     """The family of a ``config.json``; ValueError naming an unsupported architecture."""
     kind = hf.get("model_type")
+    if kind in REFUSED:
+        raise ValueError(f"unsupported architecture model_type={kind!r}: {REFUSED[kind]}")
     if kind not in FAMILIES:
         arch = hf.get("architectures")
         raise ValueError(f"unsupported architecture model_type={kind!r} (architectures {arch}); "

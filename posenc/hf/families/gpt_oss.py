@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from posenc.hf import fields, hf_params, moe_fields
+from posenc.hf.checkpoint import View
 from posenc.hf.registry import Family, register, unsupported
 from posenc.moe import mxfp4
 
@@ -55,9 +56,10 @@ def _experts(out, path, t, layer_prefix, spec):
 
 def gpt_oss_params(hf, tensors, spec):
     """Llama-like layers with each layer's sinks [H] and the experts (MXFP4 ones dequantized)."""
-    tensors = dict(tensors)
-    sinks = [tensors.pop(f"model.layers.{i}.self_attn.sinks") for i in range(spec.num_layers)]
-    out = hf_params.llama_params(hf, tensors, spec, moe=_experts)
+    names = [f"model.layers.{i}.self_attn.sinks" for i in range(spec.num_layers)]
+    sinks = [tensors[n] for n in names]
+    out = hf_params.llama_params(hf, View(tensors, {k: k for k in tensors if k not in names}), spec,
+                                 moe=_experts)
     for i, s in enumerate(sinks):
         out[("blocks", i, "attn", "sinks")] = s
     return out

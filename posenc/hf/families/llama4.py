@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from posenc.hf import fields, hf_params, moe_fields, moe_params, rope_fields
-from posenc.hf.registry import Family, register
+from posenc.hf.registry import Family, refuse, register
 
 
 def llama4_fields(hf):
@@ -71,3 +71,5 @@ def _experts(out, path, t, layer_prefix, spec):
 
 register("llama4_text", Family("llama4", llama4_fields, functools.partial(
     hf_params.llama_params, mlp="feed_forward", moe=_experts)))
+refuse("llama4", "the multimodal Llama 4 checkpoint holds a vision tower (vision_config), which posenc's "
+       "decoder does not have; its text model (model_type llama4_text) loads")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from posenc.hf import fields, hf_params, rope_fields
+from posenc.hf.checkpoint import View
 from posenc.hf.hf_params import heads_out, norm
 from posenc.hf.registry import Family, register, unsupported
 
@@ -83,8 +84,8 @@ def neox_params(hf, tensors, spec):
 
 def bloom_params(hf, tensors, spec):
     """BLOOM's tensors (``transformer.*``, the prefix added where a checkpoint drops it)."""
-    tensors = {k if k.startswith("transformer.") or k == "lm_head.weight" else f"transformer.{k}": v
-               for k, v in tensors.items()}  # some BLOOM checkpoints drop the prefix
+    tensors = View(tensors, {k if k.startswith("transformer.") or k == "lm_head.weight" else f"transformer.{k}": k
+                             for k in tensors})  # some BLOOM checkpoints drop the prefix
     return _neox_like_params(hf, tensors, spec, root="transformer", embed="word_embeddings",
                              head="lm_head.weight", final="ln_f", attn="self_attention")
 
