@@ -20,8 +20,9 @@ narrows that further: ``window=W`` keeps ``p - W < j`` (a sliding window,
 Gemma / Mistral), ``chunk=C`` keeps ``j // C == p // C`` (Llama 4's chunked
 attention); without the causal mask a window is symmetric (``|p - j| < W``).
 
-The blocked path (``impl="blocked"``) processes ``block`` queries against
-``block`` keys at a time with the online softmax of Rabe & Staats 2021 /
+The blocked path (``impl="blocked"``) processes ``block`` queries (or all
+of them, when fewer: a decoding step's one query is not padded to a block)
+against ``block`` keys at a time with the online softmax of Rabe & Staats 2021 /
 FlashAttention, computing the encoding terms per (query block, key block), so
 memory is ``O(B H block^2)`` instead of ``O(B H L^2)``. Key blocks that lie
 entirely above the causal diagonal are skipped with ``lax.cond``. The key-block
@@ -296,7 +297,7 @@ def blocked_attention(q, k, v, q_positions, k_positions, encoding, call: Attenti
     window, chunk, return_stats = call.window, call.chunk, call.stats
     kv_length = call.num_keys(Lk)
     call = call.replace(kv_length=kv_length)
-    bq = block
+    bq = min(block, Lq)  # fewer queries than a block (decoding): one block of just those, not padded
     nq = -(-Lq // bq)
     bk = -(-Lk // block) * block if encoding.full_rows else block
     nk = -(-Lk // bk)
