@@ -54,6 +54,21 @@ def _jitted(model, tokens, **kw):
     return jax.jit(lambda s, t: nnx.merge(g, s)(t, **kw))(state, tokens)
 
 
+def test_a_full_pass_in_segments_equals_one_call():
+    """model.recurrent.<kind>.segment: a pass longer than the segment scans segments, the state carried
+    (conv window and scan state); the logits equal one call's, with a segment that cuts chunks and leaves
+    a shorter tail."""
+    kinds = ("mamba2", "gated_deltanet", "kda", "short_conv")
+    tokens = helpers.tokens(batch=2, length=23, vocab=16)
+    small = {k: {"segment": 5, **({"chunk_size": 4} if k != "short_conv" else {})} for k in kinds}
+    cut = _model(kinds, kind="nope", num_layers=4, recurrent=small)
+    same = _model(kinds, kind="nope", num_layers=4, recurrent={k: {k2: v for k2, v in o.items() if k2 != "segment"}
+                                                 for k, o in small.items()})
+    got, want = _jitted(cut, tokens), _jitted(same, tokens)
+    assert got.shape == (2, 23, 16) and float(jnp.abs(want).max()) > 0.1
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
 def test_recurrent_layers_have_no_position_term_and_attention_only_models_are_unchanged():
     spec = helpers.spec("rope", num_layers=4, layer_types=("gated_deltanet",) * 3 + ("attention",))
     assert spec.position.layer_kinds == ("nope",) * 3 + ("rope",)

@@ -55,7 +55,14 @@ class MixerOptions:
         return ()
 
 
-class Mamba2(MixerOptions):
+class Segmented(MixerOptions):
+    """Options of the kinds whose full pass can run segment by segment."""
+
+    segment = Option(8192, checks.positive_int, "a full pass over more tokens runs in segments of this many, "
+                     "the state carried (memory of the segment, not the sequence; the result equals one call)")
+
+
+class Mamba2(Segmented):
     """model.recurrent.mamba2: the Mamba-2 mixer (transformers' Mamba2Mixer; Bamba, Granite 4.0-H,
     Nemotron-H, Falcon-H1's SSM branch)."""
 
@@ -67,6 +74,8 @@ class Mamba2(MixerOptions):
     n_groups = Option(1, checks.positive_int, "G: groups of heads sharing B and C (n_groups / mamba_n_groups)")
     conv_width = Option(4, checks.positive_int, "W of the causal depthwise conv over xBC (conv_kernel / mamba_d_conv)")
     chunk_size = Option(256, checks.positive_int, "tokens per chunk of the SSD scan (training, prefill)")
+    segment = Option(2048, checks.positive_int, "a full pass over more tokens runs in segments of this many, "
+                     "the state carried (the SSD's chunk terms are chunk^2 per chunk: shorter than the others')")
     conv_bias = Option(True, checks.boolean, "the conv has a bias (use_conv_bias / mamba_conv_bias)")
     bias = Option(False, checks.boolean, "in_proj and out_proj have biases (use_bias / mamba_proj_bias)")
     dt_limit = Option((0.0, 0.0), _limit, "(low, high) clamp of softplus(dt + dt_bias) (time_step_limit); "
@@ -92,7 +101,7 @@ class Mamba2(MixerOptions):
             raise ValueError(f"{prefix}.n_groups={values['n_groups']} must divide the {heads} heads")
 
 
-class GatedDeltaNet(MixerOptions):
+class GatedDeltaNet(Segmented):
     """model.recurrent.gated_deltanet: Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet, Qwen3.5)."""
 
     kind = "gated_deltanet"
@@ -113,7 +122,7 @@ class GatedDeltaNet(MixerOptions):
                              f"{prefix}.num_key_heads={values['num_key_heads']}")
 
 
-class KDA(MixerOptions):
+class KDA(Segmented):
     """model.recurrent.kda: Kimi Delta Attention (transformers' KimiLinearDeltaAttention)."""
 
     kind = "kda"
@@ -126,7 +135,7 @@ class KDA(MixerOptions):
                          "c sigmoid(exp(A_log) (f + dt_bias)) (forget_gate_lower_bound)")
 
 
-class ShortConv(MixerOptions):
+class ShortConv(Segmented):
     """model.recurrent.short_conv: LFM2's gated short convolution (transformers' Lfm2ShortConv)."""
 
     kind = "short_conv"

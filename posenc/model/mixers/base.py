@@ -5,7 +5,10 @@ and offers the decoder the same calls: ``forward`` (the full pass: the
 chunked form of its scan from a zero state), ``decode`` (appending tokens to
 its cache entry: a prefill of several tokens in the chunked form from the
 cached state, one token in the step form) and ``init_state`` (its entry's
-``state``: the conv window and the scan state, ``posenc.model.cache``). It
+``state``: the conv window and the scan state, ``posenc.model.cache``). A
+full pass longer than ``model.recurrent.<kind>.segment`` tokens runs in
+segments, each from the state the one before left, so its memory is the
+segment's. It
 has no keys, values or features (``cached_key_dim`` etc. are 0: the entry's
 ``k`` and ``v`` are [B, S, 0, 0]) and no attention statistics. Its position
 unit is the layer's NoPE unit: the mixer reads tokens in order, which is all
@@ -37,9 +40,10 @@ class RecurrentMixer(nnx.Module):
 
     kind = ""
 
-    def __init__(self, spec, *, encoding, dtype, layer_index=0):
+    def __init__(self, spec, *, encoding, dtype, layer_index=0, segment=0):
         self.encoding = encoding  # the layer's position unit (NoPE)
         self.dtype, self.layer_index = dtype, layer_index
+        self.segment = segment  # model.recurrent.<kind>.segment (0: one call)
         self.d_model, self.eps = spec.d_model, spec.norm.eps
         self.impl = "recurrent"  # not an attention path (the decoding programs leave it)
 
@@ -72,8 +76,24 @@ class RecurrentMixer(nnx.Module):
         if not causal:
             raise ValueError(f"a {self.kind} layer reads the tokens in order (it is causal); forward_embeddings("
                              "causal=False) needs attention in every layer")
-        y, _ = self.mix(x, None)
+        y = self._segments(x) if self.segment and x.shape[1] > self.segment else self.mix(x, None)[0]
         return (y, {}) if return_stats else y
+
+    def _segments(self, x):
+        """The full pass in segments of ``self.segment`` tokens, each from the state the one before left
+        (a scan): what a token's projections and the scan's chunk terms take is held for one segment."""
+        B, L, D = x.shape
+        n, s = L // self.segment, self.segment
+
+        def one(state, piece):
+            y, state = self.mix(piece, state)
+            return state, y
+
+        state, ys = jax.lax.scan(one, self.init_state(B), jnp.swapaxes(x[:, :n * s].reshape(B, n, s, D), 0, 1))
+        y = jnp.swapaxes(ys, 0, 1).reshape(B, n * s, ys.shape[-1])
+        if L > n * s:
+            y = jnp.concatenate([y, self.mix(x[:, n * s:], state)[0]], axis=1)
+        return y
 
     def decode(self, x, positions, all_positions, entry, *, seq_len, length):
         """Append x [B, T, D] to this layer's cache ``entry``; -> (y [B, T, D], new entry)."""

@@ -43,7 +43,8 @@ class GatedDeltaNet(base.RecurrentMixer):
     kind = "gated_deltanet"
 
     def __init__(self, spec, options, *, encoding, dtype, rngs, layer_index=0, out_gain=None):
-        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index)
+        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index,
+                         segment=options["segment"])
         o, D = options, spec.d_model
         self.hk, self.hv = o["num_key_heads"], o["num_value_heads"]
         self.dk, self.dv = o["key_head_dim"], o["value_head_dim"]

@@ -40,7 +40,8 @@ class KimiDeltaAttention(base.RecurrentMixer):
     kind = "kda"
 
     def __init__(self, spec, options, *, encoding, dtype, rngs, layer_index=0, out_gain=None):
-        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index)
+        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index,
+                         segment=options["segment"])
         o, D = options, spec.d_model
         H, Dk = o["num_heads"], o["head_dim"]
         self.num_heads, self.head_dim, self.width, self.chunk_size = H, Dk, o["conv_width"], o["chunk_size"]

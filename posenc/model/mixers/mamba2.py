@@ -46,7 +46,8 @@ class Mamba2Mixer(base.RecurrentMixer):
 
     def __init__(self, spec, options, *, encoding, dtype, rngs, layer_index=0, out_gain=None,
                  in_multiplier=1.0, projection_multipliers=(1.0,) * 5):
-        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index)
+        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index,
+                         segment=options["segment"])
         o = options
         D, P, N, G = spec.d_model, o["head_dim"], o["state_size"], o["n_groups"]
         H = o["num_heads"] or o["expand"] * D // P

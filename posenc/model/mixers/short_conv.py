@@ -31,7 +31,8 @@ class ShortConv(base.RecurrentMixer):
     kind = "short_conv"
 
     def __init__(self, spec, options, *, encoding, dtype, rngs, layer_index=0, out_gain=None):
-        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index)
+        super().__init__(spec, encoding=encoding, dtype=dtype, layer_index=layer_index,
+                         segment=options["segment"])
         D, bias = spec.d_model, options["bias"]
         self.width = options["conv_width"]
         self.in_proj = base.weight(rngs, D, D, 3 * D)
