@@ -53,6 +53,15 @@ def mamba2(out, a, t, prefix, options):
     _opt_bias(out, a + ("out_proj_bias",), t, prefix + "out_proj.bias", options["bias"])
 
 
+def attention_or_mamba2(out, b, t, spec, i, *, attention_prefix, mamba_prefix):
+    """Layer ``i``'s mixer at ``b + ("attn",)``: Llama's attention under ``attention_prefix``, or Mamba-2
+    under ``mamba_prefix`` (Bamba, Granite 4.0-H, Nemotron-H), as ``spec`` gives the layer."""
+    if spec.layer_type(i) == "attention":
+        attention(out, b + ("attn",), t, attention_prefix, spec)
+    else:
+        mamba2(out, b + ("attn",), t, mamba_prefix, spec.recurrent.options["mamba2"])
+
+
 def short_conv(out, b, t, prefix, options):
     """LFM2's gated short convolution (``posenc.model.mixers.short_conv``)."""
     a = b + ("attn",)

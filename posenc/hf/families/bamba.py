@@ -37,10 +37,8 @@ def bamba_params(hf, tensors, spec):
     hf_params.norm(out, ("final_norm",), t, "model.final_layernorm", "rms")
     for i in range(spec.num_layers):
         p, b = f"model.layers.{i}.", ("blocks", i)
-        if spec.layer_type(i) == "attention":
-            mixer_params.attention(out, b + ("attn",), t, p + "self_attn.", spec)
-        else:
-            mixer_params.mamba2(out, b + ("attn",), t, p + "mamba.", spec.recurrent.options["mamba2"])
+        mixer_params.attention_or_mamba2(out, b, t, spec, i, attention_prefix=p + "self_attn.",
+                                         mamba_prefix=p + "mamba.")
         mixer_params.mlp(out, b, t, p + "feed_forward.")
         hf_params.norm(out, b + ("norm1",), t, p + "input_layernorm", "rms")
         hf_params.norm(out, b + ("norm2",), t, p + "pre_ff_layernorm", "rms")

@@ -82,10 +82,8 @@ def granitemoehybrid_params(hf, tensors, spec):
     hf_params.norm(out, ("final_norm",), t, "model.norm", "rms")
     for i in range(spec.num_layers):
         p, b = f"model.layers.{i}.", ("blocks", i)
-        if spec.layer_type(i) == "attention":
-            mixer_params.attention(out, b + ("attn",), t, p + "self_attn.", spec)
-        else:
-            mixer_params.mamba2(out, b + ("attn",), t, p + "mamba.", spec.recurrent.options["mamba2"])
+        mixer_params.attention_or_mamba2(out, b, t, spec, i, attention_prefix=p + "self_attn.",
+                                         mamba_prefix=p + "mamba.")
         if spec.moe is not None and spec.moe.layers[i]:  # experts [E, 2I, H] / [E, H, I], the shared MLP
             m, e = b + ("mlp",), p + "block_sparse_moe."
             out[m + ("router",)] = t(e + "router.layer.weight").T

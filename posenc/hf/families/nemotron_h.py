@@ -73,10 +73,7 @@ def nemotron_h_params(hf, tensors, spec):
     hf_params.norm(out, ("final_norm",), t, "backbone.norm_f", "rms")
     for i in range(spec.num_layers):
         p, q, b = f"backbone.layers.{2 * i}.", f"backbone.layers.{2 * i + 1}.", ("blocks", i)
-        if spec.layer_type(i) == "attention":
-            mixer_params.attention(out, b + ("attn",), t, p + "mixer.", spec)
-        else:
-            mixer_params.mamba2(out, b + ("attn",), t, p + "mixer.", spec.recurrent.options["mamba2"])
+        mixer_params.attention_or_mamba2(out, b, t, spec, i, attention_prefix=p + "mixer.", mamba_prefix=p + "mixer.")
         mixer_params.mlp(out, b, t, q + "mixer.", gate=None)
         if spec.bias == "all":
             out[b + ("mlp", "b1")] = t(q + "mixer.up_proj.bias")
