@@ -272,7 +272,7 @@ def test_transformers_4_config_format_reads_the_same(tmp_path):
     ("granitemoehybrid", lambda c: c.update(position_embedding_type="alibi"),
      r"unsupported field position_embedding_type='alibi'"),
     ("nemotron_h", lambda c: c.update(layers_block_type=["linear_attention", "full_attention", "mlp", "mlp"]),
-     r"unsupported field layers_block_type=.*block 1 \('full_attention'\) breaks the \(mixer, mlp\) pairs"),
+     r"unsupported field layers_block_type=.*block 3 \('mlp'\) follows no mixer block"),
     ("nemotron_h", lambda c: c.update(layers_block_type=["linear_attention", "moe"]),
      r"unsupported field layers_block_type=.*blocks \[1\] are mixture-of-experts"),
     ("falcon_h1", lambda c: c.update(projectors_bias=True), r"unsupported field projectors_bias=True"),

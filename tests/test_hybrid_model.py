@@ -18,8 +18,10 @@ from posenc.model import ModelSpec, check_encoding, conformance, mixers
 from posenc.training import decode, step
 
 HYBRIDS = {
-    # Granite 4.0-H / Nemotron-H: NoPE attention after three Mamba-2 layers
-    "mamba2 3:1 nope": ("nope", dict(num_layers=4, layer_types=("mamba2",) * 3 + ("attention",))),
+    # Granite 4.0-H / Nemotron-H: NoPE attention after three Mamba-2 layers, the one before it without an
+    # MLP (Nemotron-H's "M*": model.layers_without_mlp)
+    "mamba2 3:1 nope": ("nope", dict(num_layers=4, layer_types=("mamba2",) * 3 + ("attention",),
+                                     layers_without_mlp=(2,))),
     # Qwen3-Next's mixers (one period of two here: its 3:1 at this tiny scale backpropagates gradients
     # of ~1e3 into the embeddings, which the dense == blocked tolerance cannot take)
     "gated_deltanet rope": ("rope", dict(layer_types=("gated_deltanet", "attention"),
@@ -190,6 +192,13 @@ def test_a_recurrent_layer_refuses_to_drop_the_causal_mask():
      r"model.attention_gate='elementwise' is set, but no layer has attention"),
     (dict(layer_types=("short_conv",), attention_impl="pallas"),
      r"model.attention_impl='pallas' is set, but no layer has attention"),
+    (dict(layer_types=("mamba2", "attention"), layers_without_mlp=(2,)),
+     r"model.layers_without_mlp=\(2,\) names layer 2; the model has layers 0..1"),
+    (dict(layer_types=("mamba2", "attention"), layers_without_mlp=(0,), norm=dict(placement="lns")),
+     r"model.layers_without_mlp=\(0,\) needs a placement that wraps each sublayer on its own"),
+    (dict(layers_without_mlp=(1, 0)), r"model.layers_without_mlp must list each layer once, in increasing order"),
+    (dict(layers_without_mlp=(0,), moe=dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)),
+     r"model.layers_without_mlp=\(0,\): layer 0 is a mixture-of-experts layer"),
 ])
 def test_combinations_that_cannot_work_are_refused_in_one_line(fields, message):
     position = fields.pop("position", None)

@@ -1,5 +1,8 @@
 """The residual block: one decoder layer, attention then MLP, under the layer's norm placement.
 
+A layer of ``model.layers_without_mlp`` has its token mixer's residual alone
+(Nemotron-H's mixer blocks with no MLP block after them).
+
 Its sublayers are ``posenc.model.layers``' ``Attention`` (or multi-head latent
 attention, ``posenc.model.latent_attention``, with ``model.mla``; or the
 layer's recurrent mixer of ``model.layer_types``, ``posenc.model.mixers``, in
@@ -46,7 +49,10 @@ class Block(nnx.Module):
             self.attn = LatentAttention(spec, encoding, dtype=dtype, vo_gain=beta, rngs=rngs,
                                         layer_index=layer_index)
         self.parallel = spec.parallel_residual
-        if moe_lib.is_moe(spec, layer_index):  # model.moe: a router and experts (posenc.model.moe)
+        self.has_mlp = spec.has_mlp(layer_index)  # model.layers_without_mlp: the mixer's residual alone
+        if not self.has_mlp:
+            self.mlp = None
+        elif moe_lib.is_moe(spec, layer_index):  # model.moe: a router and experts (posenc.model.moe)
             self.mlp = moe_lib.MoEMLP(spec.moe, spec.d_model, gain=beta, rngs=rngs)
         else:
             self.mlp = MLP(spec.mlp, spec.d_model, spec.mlp_hidden, dtype=dtype, gain=beta, rngs=rngs,
@@ -63,10 +69,10 @@ class Block(nnx.Module):
         # first layer is pre-norm.
         hybrid = self.placement in ("hybrid", "hybrid_star")
         self.norm1 = None if hybrid and not (self.placement == "hybrid_star" and layer_index == 0) else norm()
-        self.norm2 = norm()
+        self.norm2 = norm() if self.has_mlp else None
         sandwich = self.placement == "sandwich"
         self.norm1_out = norm() if sandwich else None
-        self.norm2_out = norm() if sandwich else None
+        self.norm2_out = norm() if sandwich and self.has_mlp else None
         # ReZero: one gate per layer, shared by its attention and MLP (the reference's resweight).
         self.gate = nnx.Param(jnp.zeros((), jnp.float32)) if self.placement == "rezero" else None
         self.residual_multiplier = spec.residual_multiplier
@@ -136,5 +142,6 @@ class Block(nnx.Module):
             return hybrid_norm.block(x, self._scaled(attn_sub), self._scaled(mlp_sub), self.norm2,
                                      attention_norm=self.norm1), stats
         x = self._residual(x, attn_sub, self.norm1, self.norm1_out)
-        x = self._residual(x, mlp_sub, self.norm2, self.norm2_out)
+        if self.has_mlp:
+            x = self._residual(x, mlp_sub, self.norm2, self.norm2_out)
         return x, stats

@@ -72,6 +72,15 @@ def _layer_types(name, value) -> tuple[str, ...]:
     return tuple(checks.choice(f"{name}[{i}]", t, recurrent_options.KINDS) for i, t in enumerate(value))
 
 
+def _layer_indices(name, value) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of layer indices (ints >= 0); got {value!r}")
+    out = tuple(checks.nonnegative_int(f"{name}[{i}]", v) for i, v in enumerate(value))
+    if list(out) != sorted(set(out)):
+        raise ValueError(f"{name} must list each layer once, in increasing order; got {value!r}")
+    return out
+
+
 class Position(Section):
     """model.position: the encoding of every layer, randomized positions, one section per encoding."""
 
@@ -228,6 +237,9 @@ class Model(Section):
     layer_types = Field((), _layer_types, "each layer's token mixer: attention | mamba2 | gated_deltanet | kda | "
                                           "short_conv | parallel_mamba2 (model.recurrent.<kind>); one per layer "
                                           "or a period repeated; (): attention in every layer", type=tuple)
+    layers_without_mlp = Field((), _layer_indices, "layers that have no MLP sublayer (their token mixer alone: "
+                                                   "Nemotron-H's mixer blocks with no MLP block after them); () "
+                                                   "= an MLP in every layer", type=tuple)
     logit_scale = Sub(LogitScale)
     mla = Sub(MLA)
     moe = Sub(MoE)

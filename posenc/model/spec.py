@@ -86,11 +86,16 @@ class ModelSpec:
     moe: MoESpec | None = None  # mixture-of-experts MLPs (model.moe); None: every MLP dense
     recurrent: RecurrentSpec | None = None  # each layer's mixer (model.layer_types); None: attention everywhere
     recurrences: int = 1  # passes through the layers with shared weights (a looped transformer); 1: one pass
+    layers_without_mlp: tuple[int, ...] = ()  # layers whose token mixer has no MLP after it (model.layers_without_mlp)
 
     @property
     def unit_head_dim(self) -> int:
         """The width of the queries and keys every layer's encoding acts on (MLA: the rotary part)."""
         return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
+
+    def has_mlp(self, layer_index: int) -> bool:
+        """Whether a layer has its MLP sublayer (``model.layers_without_mlp``)."""
+        return layer_index not in self.layers_without_mlp
 
     def layer_type(self, layer_index: int) -> str:
         """The mixer of a layer: "attention" or a recurrent kind (``model.layer_types``)."""
@@ -174,6 +179,7 @@ def _spec(values, train_length) -> ModelSpec:
         unit_rules.check_sphere(position, head_dim=head_dim)
         attention_scale = ngpt.softmax_scale(head_dim)
     unit_rules.check_kernel_form(cfg.attention_impl, position)
+    without_mlp = _layers_without_mlp(cfg, num_layers=num_layers, streams=streams, moe=moe)
     return ModelSpec(
         vocab_size=sizes["vocab_size"], d_model=d_model, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=kv, head_dim=head_dim, mlp=cfg.mlp, mlp_ratio=mlp_ratio,
@@ -186,10 +192,35 @@ def _spec(values, train_length) -> ModelSpec:
         position=position, norm=norm, moe=moe,
         embedding_multiplier=float(cfg.embedding_multiplier), residual_multiplier=float(cfg.residual_multiplier),
         logits_multiplier=float(cfg.logits_multiplier), residual_streams=streams, hyper_connections=hc_kind,
-        mla=mla, recurrences=recurrences, recurrent=recurrent,
+        mla=mla, recurrences=recurrences, recurrent=recurrent, layers_without_mlp=without_mlp,
         layout=layout_lib.layout(cfg, position=position, num_layers=num_layers,
                                  qk_norm=norm.qk_norm, train_length=train_length),
     )
+
+
+def _layers_without_mlp(cfg, *, num_layers, streams, moe) -> tuple[int, ...]:
+    """``model.layers_without_mlp``, checked against the model: such a layer is its mixer's residual
+    alone, which the placements that wrap a whole layer (or both sublayers together) do not have."""
+    without = tuple(int(i) for i in (cfg.get("layers_without_mlp", ()) or ()))
+    if not without:
+        return ()
+    field = f"model.layers_without_mlp={without!r}"
+    if without[-1] >= num_layers:
+        raise ValueError(f"{field} names layer {without[-1]}; the model has layers 0..{num_layers - 1}")
+    placement = str(cfg.norm.placement)
+    if placement not in _MLP_FREE_PLACEMENTS or cfg.parallel_residual or streams > 1:
+        raise ValueError(f"{field} needs a placement that wraps each sublayer on its own "
+                         f"({', '.join(_MLP_FREE_PLACEMENTS)}), one residual stream and no parallel_residual; got "
+                         f"placement {placement!r}, residual_streams {streams}, parallel_residual "
+                         f"{bool(cfg.parallel_residual)}")
+    if moe is not None and any(moe.layers[i] for i in without):
+        raise ValueError(f"{field}: layer {next(i for i in without if moe.layers[i])} is a mixture-of-experts "
+                         "layer (model.moe), whose MLP it would drop")
+    return without
+
+
+# placements with a residual per sublayer (posenc.placements.residual), where a layer may skip its MLP's
+_MLP_FREE_PLACEMENTS = ("pre", "post", "sandwich", "reordered", "deepnorm", "mixln", "rezero")
 
 
 def unit_head_dim(model) -> int:

@@ -333,6 +333,14 @@ def configs():
             num_key_value_heads=2, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
             layer_types=["sliding_attention", "full_attention"], rope_parameters=yarn,
             max_position_embeddings=64, **COMMON),
+        # Nemotron-H as released ("M-M*-" in hybrid_override_pattern's letters): the attention block
+        # right after a Mamba-2 block, which has no MLP block of its own
+        "nemotron_h_released": c.NemotronHConfig(
+            hidden_size=32, layers_block_type=["linear_attention", "mlp", "linear_attention", "full_attention",
+                                               "mlp"],
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+            mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4,
+            chunk_size=8, max_position_embeddings=64, **COMMON),
     }
 
 

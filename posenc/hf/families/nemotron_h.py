@@ -2,11 +2,13 @@
 
 Nemotron-H's blocks are one sublayer each (``layers_block_type``, or the
 older ``hybrid_override_pattern``: M Mamba-2, * attention, - MLP, E experts),
-each with its own pre-norm and residual. A mixer block followed by an MLP
-block is one posenc layer (its ``norm1``, mixer, ``norm2`` and MLP), so a
-pattern of such pairs loads (``M-*-``); a mixer without an MLP after it, an
-MLP without a mixer before it, and mixture-of-experts blocks are refused in
-one line. The Mamba-2 layers have the group-wise gated norm (``n_groups``
+each with its own pre-norm and residual. A mixer block is one posenc layer
+(its ``norm1`` and mixer), with the MLP block right after it if there is
+one (its ``norm2`` and MLP); a mixer block followed by another mixer block
+is a layer of ``model.layers_without_mlp``. So the released patterns load
+(``M-M-M-M*-...``: the attention block right after a Mamba-2 block). An MLP
+block that follows no mixer block and mixture-of-experts blocks are refused
+in one line. The Mamba-2 layers have the group-wise gated norm (``n_groups``
 groups); the attention has no position encoding; the MLP is
 ``down(relu(up x)^2)`` (``model.mlp`` relu2).
 """
@@ -32,23 +34,30 @@ def block_types(hf):
     return "layers_block_type", ["linear_attention", "moe", "full_attention", "mlp"]  # HF's default
 
 
-def pairs(hf):
-    """posenc's layers: the mixer of each (mixer block, MLP block) pair of the pattern."""
+def layers(hf) -> list[tuple[int, int | None]]:
+    """posenc's layers as (mixer block, MLP block after it or None) indices of the pattern."""
     field, types = block_types(hf)
     moe = [i for i, t in enumerate(types) if t == "moe"]
     if moe:
         raise unsupported(hf, field, f"blocks {moe} are mixture-of-experts, which this loader does not place")
-    if len(types) % 2 or any(t not in MIXER_OF for t in types[::2]) or any(t != "mlp" for t in types[1::2]):
-        bad = next(i for i, t in enumerate(types) if (t == "mlp") != (i % 2 == 1))
-        raise unsupported(hf, field, f"block {bad} ({types[bad]!r}) breaks the (mixer, mlp) pairs that make "
-                          "posenc's layers (a mixer and an MLP each)")
-    return tuple(MIXER_OF[t] for t in types[::2])
+    out: list[tuple[int, int | None]] = []
+    for i, t in enumerate(types):
+        if t in MIXER_OF:
+            out.append((i, None))
+        elif not out or out[-1][1] is not None or out[-1][0] != i - 1:
+            raise unsupported(hf, field, f"block {i} ('mlp') follows no mixer block: posenc's layers are a "
+                              "mixer, with or without an MLP after it")
+        else:
+            out[-1] = (out[-1][0], i)
+    return out
 
 
 def nemotron_h_fields(hf):
     """Nemotron-H: (mixer, MLP) block pairs as posenc layers, Mamba-2 with the grouped gated norm, NoPE
     attention, squared-ReLU MLPs."""
-    mixers = pairs(hf)
+    blocks = layers(hf)
+    types = block_types(hf)[1]
+    mixers = tuple(MIXER_OF[types[m]] for m, _ in blocks)
     fields.refuse(hf, {"mamba_hidden_act": (("silu",), "posenc's Mamba-2 conv is SiLU's")})
     hf = {**hf, "num_hidden_layers": len(mixers)}
     out = fields.base(hf, "nemotron_h", eps_key="layer_norm_epsilon")
@@ -59,6 +68,7 @@ def nemotron_h_fields(hf):
     out["model.position.kind"] = "nope"
     fields.set_spans(out, hf, ["full"] * len(mixers))
     out["model.layer_types"] = mixers
+    out["model.layers_without_mlp"] = tuple(i for i, (_, mlp) in enumerate(blocks) if mlp is None)
     if "mamba2" in mixers:
         out.update(mixer_fields.mamba2(hf, prefix="", norm="grouped", keys={
             "d_state": "ssm_state_size", "d_head": "mamba_head_dim", "n_heads": "mamba_num_heads",
@@ -67,18 +77,21 @@ def nemotron_h_fields(hf):
 
 
 def nemotron_h_params(hf, tensors, spec):
-    """Nemotron-H's blocks 2 i (mixer) and 2 i + 1 (MLP) as posenc's layer i."""
+    """Each mixer block of the pattern, with the MLP block after it if any, as one posenc layer."""
     t, out = hf_params.Tensors(tensors), {}
     hf_params.head(out, spec, t, "backbone.embeddings.weight", "lm_head.weight")
     hf_params.norm(out, ("final_norm",), t, "backbone.norm_f", "rms")
-    for i in range(spec.num_layers):
-        p, q, b = f"backbone.layers.{2 * i}.", f"backbone.layers.{2 * i + 1}.", ("blocks", i)
+    for i, (m, mlp) in enumerate(layers(hf)):
+        p, b = f"backbone.layers.{m}.", ("blocks", i)
         mixer_params.attention_or_mamba2(out, b, t, spec, i, attention_prefix=p + "mixer.", mamba_prefix=p + "mixer.")
+        hf_params.norm(out, b + ("norm1",), t, p + "norm", "rms")
+        if mlp is None:
+            continue
+        q = f"backbone.layers.{mlp}."
         mixer_params.mlp(out, b, t, q + "mixer.", gate=None)
         if spec.bias == "all":
             out[b + ("mlp", "b1")] = t(q + "mixer.up_proj.bias")
             out[b + ("mlp", "b2")] = t(q + "mixer.down_proj.bias")
-        hf_params.norm(out, b + ("norm1",), t, p + "norm", "rms")
         hf_params.norm(out, b + ("norm2",), t, q + "norm", "rms")
     t.done()
     return out
