@@ -117,6 +117,7 @@ def chunked(q, k, v, g, beta, *, chunk_size=64, scale=None, initial_state=None,
     the chunk in flight.
     """
     chunk = checks.integer("chunk_size", chunk_size, minimum=1)
+    chunk = min(chunk, max(1, jnp.shape(q)[-3]))  # a sequence shorter than a chunk: one chunk of it, not padded
     scale, rep = check_inputs(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm, initial_state=initial_state,
                               per_channel=True)
     o, final = _chunked(*(jnp.asarray(t) for t in (q, k, v, g, beta)), initial_state, chunk=chunk, scale=scale,

@@ -164,6 +164,7 @@ def chunked(x, dt, A, B, C, *, chunk_size=256, D=None, initial_state=None) -> tu
     """
     chunk = checks.integer("chunk_size", chunk_size, minimum=1)
     x, dt, a, b, c, rep = _check(x, dt, A, B, C, D, initial_state, token_axis=True)
+    chunk = min(chunk, max(1, x.shape[-3]))  # a sequence shorter than a chunk: one chunk of it, not padded
     y, final = _chunked(x, dt, a, b, c, D, initial_state, chunk=chunk, rep=rep)
     return y.astype(x.dtype), final
 
