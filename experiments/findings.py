@@ -1,6 +1,7 @@
 """Findings of a finished comparison grid (posenc.studies.findings), and its figures for the docs.
 
     python -m posenc findings --workdir WORKDIR --kind randomized
+    python -m posenc findings --workdir WORKDIR --kind sizes --baseline rope
     python -m posenc findings --workdir WORKDIR --figures docs/figures --name quick
 
 Writes WORKDIR/findings.md and its figures from the grid's rows (a grid
@@ -23,6 +24,8 @@ def define_flags() -> None:
     flags.DEFINE_string("figures", None, "Copy the grid's main figures into this directory.")
     flags.DEFINE_string("name", None, "File name part of the copied figures (with --figures).")
     flags.DEFINE_bool("include_unfitted", False, "Score every run, not only those that fitted.")
+    flags.DEFINE_string("baseline", None, "With --kind sizes: also every label's main metric minus this "
+                        "label's at every size, paired by seed.")
     flags.DEFINE_list("plots", None, "With --figures: the plots to copy (file names without .png; "
                       "default: the main ones).")
     flags.mark_flags_as_required(["workdir"])
@@ -37,6 +40,10 @@ def main(argv):
     f = flags.FLAGS
     rows = studies.load_rows(f.workdir)
     targets = findings.study_targets(f.workdir) if f.kind == "sizes" else None
+    if f.baseline:
+        if f.kind != "sizes":
+            raise app.UsageError(f"--baseline {f.baseline} is for --kind sizes; got --kind {f.kind!r}")
+        targets = {**(targets or {}), "baseline": f.baseline}
     for path in findings.write(f.kind, rows, f.workdir, f.include_unfitted, targets):
         print(path)
     if f.figures:

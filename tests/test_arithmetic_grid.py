@@ -161,5 +161,15 @@ def test_sizes_findings_target_check_and_paired_differences(tmp_path):
     # paired by seed: 0.85, 0.9, 0.95 -> 0.900 +- 0.124
     assert "coupled - rope: +0.900 [+0.776, +1.024] (excludes 0, 3 seeds)" in md
     assert "At n=16, best: coupled" in md
+    # --baseline: the main metric (here decoded accuracy) of every label minus rope's, paired by seed
+    rows_acc = [dict(r, decoded_accuracy=r["decoded_accuracy"] / 2) for r in rows]
+    md = findings_sizes.sizes_markdown(rows_acc, targets={"baseline": "rope"})
+    reversed_part = md.split("reversed: decoded accuracy")[1].split("### msd")[0]
+    assert "each label minus rope, paired by seed" in reversed_part
+    # size 8: 0.5 - 0.5 in every seed; size 16: (0.9 +- 0.124) / 2
+    assert ("| coupled | +0.000 [+0.000, +0.000] (includes 0, 3 seeds) | +0.450 [+0.388, +0.512] (excludes 0, "
+            "3 seeds) |") in reversed_part
+    assert "| hints | -0.250 [-0.250, -0.250] (excludes 0, 3 seeds) |" in reversed_part
+    assert "(no label 'absent' in" in findings_sizes.sizes_markdown(rows_acc, targets={"baseline": "absent"})
     written = findings.write("sizes", rows, str(tmp_path), targets=targets)
     assert written[0].endswith("findings.md") and any(w.endswith("findings_sizes_reversed.png") for w in written)

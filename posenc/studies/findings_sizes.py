@@ -6,7 +6,9 @@ beyond training, each label against the best one, paired by seed; with the
 config's ``targets`` (``{"size": n, "at_least": {label: v}, "below": {label:
 v}}``, :func:`posenc.studies.findings.check_targets`) a target check at size
 n: each label's mean and interval against its bound, and every at-least
-label minus every below label, paired by seed. ``findings.md`` gets
+label minus every below label, paired by seed; with ``targets["baseline"]`` (``posenc findings
+--baseline``) every label's main metric (decoded per-token accuracy, say) minus the baseline's at every
+size, paired by seed. ``findings.md`` gets
 :func:`sizes_markdown`, ``plots/findings_sizes_<table>.png``
 :func:`plot_sizes`.
 """
@@ -20,8 +22,9 @@ from posenc.studies import compare_report, figures, stats, tables
 from posenc.studies.findings_scores import notes
 
 
-def size_scores(rows, include_unfitted: bool = False) -> dict:
-    """``{table: {"metric", "train": sizes, "cells": {label: {size: cell}}}}``: exact match per problem size.
+def size_scores(rows, include_unfitted: bool = False, *, exact: bool = True) -> dict:
+    """``{table: {"metric", "train": sizes, "cells": {label: {size: cell}}}}``: exact match per problem size
+    (``exact`` False: the table's main metric itself, e.g. decoded per-token accuracy).
 
     A cell is ``{"stat": interval over seeds or None, "by_seed": {seed: value}, "runs", "unfitted",
     "diverged"}``; unfitted runs are left out (``include_unfitted``: kept) and counted.
@@ -29,7 +32,8 @@ def size_scores(rows, include_unfitted: bool = False) -> dict:
     out = {}
     for table, rs in compare_report._by_task(
             r for r in rows if not r.get("sweep") and not r.get("eval_variant")).items():
-        metric = compare_report.exact_of(compare_report.main_metric(table, rs))
+        metric = compare_report.main_metric(table, rs)
+        metric = compare_report.exact_of(metric) if exact else metric
         column, train = compare_report.columns(rs, sizes=True)
         vary = compare_report._vary(rs)
         groups = collections.defaultdict(list)
@@ -55,6 +59,24 @@ def _pair(a, b) -> str:
         return f"{d.mean:+.3f} (1 seed)"
     verdict = "excludes 0" if stats.excludes_zero(d) else "includes 0"
     return f"{d.mean:+.3f} [{d.mean - d.half:+.3f}, {d.mean + d.half:+.3f}] ({verdict}, {d.n} seeds)"
+
+
+def _against_baseline(table, rows, baseline: str, include_unfitted: bool) -> list[str]:
+    """Lines: every label's main metric minus ``baseline``'s at every size, paired by seed."""
+    t = size_scores(rows, include_unfitted, exact=False).get(table)
+    if t is None or baseline not in t["cells"]:
+        return ["", f"(no label {baseline!r} in {table}: no paired differences against it)", ""]
+    sizes = sorted({n for c in t["cells"].values() for n in c})
+    what = compare_report.DESCRIBE.get(t["metric"], t["metric"])
+    lines = ["", f"{table}: {what}, each label minus {baseline}, paired by seed (mean [95% t-interval]):", "",
+             "| label | " + " | ".join(f"n={n}{'*' if n in t['train'] else ''}" for n in sizes) + " |",
+             "|" + "---|" * (len(sizes) + 1)]
+    base = t["cells"][baseline]
+    for label, by in t["cells"].items():
+        if label != baseline:
+            lines.append(f"| {label} | " + " | ".join(_pair(by[n], base[n]) if n in by and n in base else ""
+                                                      for n in sizes) + " |")
+    return lines + [""]
 
 
 def _bound_check(cell, bound: float, at_least: bool) -> str:
@@ -99,6 +121,8 @@ def sizes_markdown(rows, include_unfitted: bool = False, targets=None) -> str:
             lines.append(f"At n={n}, best: {best}; each label minus it, paired by seed: "
                          + "; ".join(f"{label} {_pair(t['cells'][label][n], t['cells'][best][n])}"
                                      for _, label in ranked[1:]) + ".")
+        if targets.get("baseline"):
+            lines += _against_baseline(table, rows, str(targets["baseline"]), include_unfitted)
         if targets.get("size") is not None:
             n = int(targets["size"])
             high, low = dict(targets.get("at_least", {})), dict(targets.get("below", {}))
