@@ -58,3 +58,18 @@ def test_loading_peaks_near_the_model_size(tmp_path):
     row = load_memory.measure(d)
     assert row["model_bytes"] > 2 * row["checkpoint_bytes"] * 0.99  # float32 parameters of a bfloat16 file
     assert row["peak_over_model"] < 1.6, row
+
+
+def test_a_parameter_the_family_does_not_place_is_an_error_not_zeros(monkeypatch):
+    from posenc.hf import registry
+
+    family = registry.FAMILIES["llama"]
+
+    def without_final_norm(hf_cfg, tensors, spec):
+        out = family.params(hf_cfg, tensors, spec)
+        del out[("final_norm", "params", "scale")]
+        return out
+
+    monkeypatch.setitem(registry.FAMILIES, "llama", registry.Family(family.preset, family.fields, without_final_norm))
+    with pytest.raises(ValueError, match="checkpoint lacks parameter final_norm.params.scale"):
+        hf.load(os.path.join(DATA, "llama"))
