@@ -7,7 +7,8 @@ gigabytes in shards of at most 1 GB (hidden 2048, 16 heads of 128 with 4 key-val
 vocabulary 32000, untied head; the layer count gives the size), then loads it with ``posenc.hf.load`` in a
 fresh process and prints one JSON row: the checkpoint's bytes, the model's bytes (posenc keeps float32
 parameters, twice a bfloat16 file), the process's resident memory before the load, its peak during it
-(``ru_maxrss``), the load's seconds, and ``peak_over_model``: (peak - before) / model bytes.
+(``VmHWM``, this process image's own: ``ru_maxrss`` keeps a large parent's across the exec), the load's
+seconds, and ``peak_over_model``: (peak - before) / model bytes.
 ``posenc.hf.checkpoint`` reads a tensor at a time and the loader hands each on as it is placed, so the
 ratio stays near 1; reading the whole checkpoint at once as float32 and converting it afterwards holds it
 about three times over. ``--posenc_root`` puts another checkout first on the child's path, to measure an
@@ -82,19 +83,19 @@ def write_llama(out: str, *, layers: int, hidden=HIDDEN, heads=HEADS, kv_heads=K
 
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import jax, posenc.hf
-def rss_kb():
+def status_kb(field):
     with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
 jax.numpy.zeros(8).block_until_ready()  # the CPU client's own memory is not the load's
-before = rss_kb()
+before = status_kb("VmRSS")
 t0 = time.perf_counter()
 model = posenc.hf.load(sys.argv[1])
 seconds = time.perf_counter() - t0
 from flax import nnx
 model_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = status_kb("VmHWM")  # this image's own peak (ru_maxrss keeps a forking parent's across the exec)
 print(json.dumps({"model_bytes": model_bytes, "rss_before_bytes": before * 1024, "peak_rss_bytes": peak * 1024,
                   "seconds": round(seconds, 1), "posenc": posenc.__file__}))
 """
