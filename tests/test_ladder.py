@@ -70,6 +70,20 @@ def test_points_carry_every_seed_at_twice_the_training_size(tmp_path):
     assert (tmp_path / "plots" / "findings_ladder.png").stat().st_size > 1000
 
 
+def test_a_weak_trend_s_far_budget_is_written_as_a_power_of_ten(tmp_path):
+    """Seeds near 0 at every budget with a slight rise: the straight line reaches 0.9 only at a budget
+    past any float (10 ** 2249 overflows); the table writes such budgets as powers of ten, and the plot
+    draws the trends at most 3 decades past the ladder."""
+    ems = {1e5: (0.0, 0.0, 0.0), 3e5: (0.001, 0.0, 0.0), 1e6: (0.0, 0.0, 0.001), 3e6: (0.002, 0.0, 0.0)}
+    rows = _rows(lambda label, n, s: ems[n][s])
+    line = ladder.fit_linear(*ladder._xy(ladder.ladder_points(rows)["labels"]["abacus"]))
+    assert line["ok"] and line["x_target"] > 308 and line["x_low"] < -308
+    md = ladder.ladder_markdown(rows)
+    assert f"10^{line['x_target']:.0f} [10^{line['x_low']:.0f}, 10^{line['x_high']:.0f}]" in md
+    assert ladder._budget(6.48) == "3.02e+06" and ladder._budget(None) == "n/a"
+    assert findings.write("ladder", rows, str(tmp_path))[1].endswith("findings_ladder.png")
+
+
 def test_rows_without_a_budget_are_refused():
     rows = [{k: v for k, v in r.items() if k != "train_examples"} for r in _rows(lambda *a: 0.5)]
     with pytest.raises(ValueError, match="no row carries train_examples"):

@@ -159,7 +159,11 @@ def ladder_fits(points: dict, *, target: float = TARGET) -> dict:
 
 
 def _budget(x) -> str:
-    return "n/a" if x is None else f"{10 ** x:.3g}"
+    """A budget of log10 ``x`` as a number; past 10^12 (or below 10^-12) as a power of ten, since a weak
+    trend's interval can reach budgets a float cannot hold."""
+    if x is None:
+        return "n/a"
+    return f"{10 ** x:.3g}" if abs(x) <= 12 else f"10^{x:.0f}"
 
 
 def _reach(fit) -> str:
@@ -209,13 +213,15 @@ def plot_ladder(rows, path: str, size: int | None = None, *, target: float = TAR
                 label=label, lw=1)
         lg = fits[label]["logistic"]
         if lg["a"] is not None:
-            xs = np.linspace(math.log10(budgets[0]), max(math.log10(budgets[-1]), lg["x_target"] or 0), 100)
+            last = math.log10(budgets[-1])  # the trend drawn to its target, at most 3 decades past the ladder
+            xs = np.linspace(math.log10(budgets[0]), min(max(last, lg["x_target"] or 0), last + 3), 100)
             X = np.stack([np.ones_like(xs), xs], axis=1)
             eta = X @ np.array([lg["a"], lg["b"]])
             se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", X, lg["cov"], X), 0.0))
             sig = lambda e: 1 / (1 + np.exp(-e))  # noqa: E731
-            ax.plot(10 ** xs, sig(eta), "--", color=color, lw=1)
-            ax.fill_between(10 ** xs, sig(eta - 1.96 * se), sig(eta + 1.96 * se), color=color, alpha=0.12)
+            with np.errstate(over="ignore"):  # exp of a steep trend's far tail: inf, so the band is 0 there
+                ax.plot(10 ** xs, sig(eta), "--", color=color, lw=1)
+                ax.fill_between(10 ** xs, sig(eta - 1.96 * se), sig(eta + 1.96 * se), color=color, alpha=0.12)
     ax.axhline(target, color="gray", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_ylim(-0.03, 1.03)
