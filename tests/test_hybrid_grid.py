@@ -20,3 +20,46 @@ def test_hybrid_quick_has_every_arm_on_every_task_with_three_seeds():
     assert kinds["gdn_rope_partial"].position.options["rope"]["rotary_fraction"] == 0.25
     text = [p for p in points if p.name.startswith("text_rope")][0]
     assert text.run.config.eval.lengths == (32, 64, 128, 256, 512)
+
+
+def test_hybrid_state_ladder_shrinks_the_state_and_keeps_the_rest():
+    c = compare.get_config("hybrid_state")
+    points = {p.name: p.run for p in grid_points(c)}
+    assert len(points) == (3 + len(hybrid.STATE_LADDER)) * 3 and c.grid.tasks == ("copy",)
+    quick = {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick")) if p.name.startswith("copy_")}
+    for arm in ("rope", "gdn_only", "mamba2_only"):  # the same runs as hybrid_quick's copy cells
+        assert points[f"copy_{arm}_rms-pre_s1"].hash == quick[f"copy_{arm}_rms-pre_s1"].hash
+    for name, numbers in (("gdn_only_state64", 64), ("gdn_only_state4", 4), ("mamba2_only_state128", 128),
+                          ("mamba2_only_state4", 4), ("gdn_nope_state4", 4)):
+        run = points[f"copy_{name}_rms-pre_s0"]
+        rec = run.config.model.recurrent
+        if "mamba2" in name:
+            m = rec.mamba2
+            assert m.num_heads * m.head_dim * m.state_size == numbers
+        else:
+            g = rec.gated_deltanet
+            assert g.num_value_heads * g.key_head_dim * g.value_head_dim == numbers
+        base = run.config.model
+        assert (base.d_model, base.num_layers, run.config.train.steps) == (64, 4, 4000)
+    assert points["copy_gdn_nope_state4_rms-pre_s0"].config.model.layer_types[-1] == "attention"
+
+
+def test_hybrid_mqar_probe_sizes_each_variant_by_its_own_vocabulary():
+    c = compare.get_config("hybrid_mqar_probe")
+    runs = {p.name: p.run for p in grid_points(c)}
+    assert len(runs) == 4
+    k64 = runs["mqar_k64_p4_rope_rms-pre_s0"]
+    assert k64.task.keys == 64 and k64.config.task.train_length == 41 and k64.config.eval.lengths == (41, 81)
+    blank = runs["mqar_k16_p8_blank_rope_rms-pre_s0"].task
+    assert blank.keys == 16 and blank.random_non_queries is False
+    assert runs["mqar_k512_p8_rope_rms-pre_s0"].task.vocab_size > 1024
+    assert all(r.config.train.steps == 2000 for r in runs.values())
+
+
+def test_hybrid_text_long_evaluates_hybrid_quicks_text_runs_further():
+    long = {p.name: p.run for p in grid_points(compare.get_config("hybrid_text_long"))}
+    quick = {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick")) if p.name.startswith("text_")}
+    assert len(long) == 6 * 3
+    for name, run in long.items():
+        assert run.hash == quick[name].hash  # the same training: copied runs evaluate without training
+    assert long["text_mamba2_only_rms-pre_s0"].config.eval.lengths[-1] == 128 * hybrid.TEXT_LENGTH

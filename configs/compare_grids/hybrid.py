@@ -69,4 +69,71 @@ def hybrid_quick(c, arg: str) -> None:
     c.findings = "sizes"
 
 
-GRIDS = {"hybrid_quick": hybrid_quick}
+def _gdn_state(heads: int, dim: int) -> dict:
+    return {"model.recurrent.gated_deltanet.num_key_heads": heads,
+            "model.recurrent.gated_deltanet.num_value_heads": heads,
+            "model.recurrent.gated_deltanet.key_head_dim": dim, "model.recurrent.gated_deltanet.value_head_dim": dim}
+
+
+def _mamba2_state(heads: int, head_dim: int, state: int) -> dict:
+    return {"model.recurrent.mamba2.num_heads": heads, "model.recurrent.mamba2.head_dim": head_dim,
+            "model.recurrent.mamba2.state_size": state}
+
+
+# The recurrent state per layer (numbers): Gated DeltaNet Hv x Dk x Dv, Mamba-2 H x P x N.
+STATE_LADDER = {
+    **{f"gdn_only_state{h * d * d}": {**HYBRID_ARMS["gdn_only"], **_gdn_state(h, d)}
+       for h, d in ((1, 8), (1, 4), (1, 2))},
+    **{f"mamba2_only_state{h * p * n}": {**HYBRID_ARMS["mamba2_only"], **_mamba2_state(h, p, n)}
+       for h, p, n in ((2, 8, 8), (1, 4, 4), (1, 2, 2))},
+    "gdn_nope_state4": {**HYBRID_ARMS["gdn_nope"], **_gdn_state(1, 2)},
+}
+
+
+def hybrid_state(c, arg: str) -> None:
+    """Jelassi et al.'s regime on copy: the all-recurrent arms with their state shrunk from the defaults
+    (1,024 numbers a layer for Gated DeltaNet, 2,048 for Mamba-2) to 4, until strings of 7-63 symbols
+    exceed it, beside RoPE attention and a NoPE hybrid with the smallest state; the model, budget, fit and
+    evaluation of hybrid_quick's copy cells, 3 seeds trained together."""
+    hybrid_quick(c, arg)
+    c.variants = default.fields({**c.variants.to_dict(), **STATE_LADDER})
+    c.grid = common.grid(tasks=("copy",), positions=("rope", "gdn_only", "mamba2_only", *STATE_LADDER),
+                         seeds=(0, 1, 2), vmap_seeds=True)
+
+
+def _mqar(keys: int, pairs: int, random_non_queries: bool = True) -> dict:
+    options = {"keys": keys, "values": keys, **({} if random_non_queries else {"random_non_queries": False})}
+    return {**common.sized("mqar", pairs, (pairs, 2 * pairs), **options), "task.options": options}
+
+
+# name -> MQAR with `keys` keys and as many values, `pairs` pairs trained, and random filler (or blanks)
+MQAR_PROBES = {"mqar_k16_p8": _mqar(16, 8), "mqar_k16_p8_blank": _mqar(16, 8, False),
+               "mqar_k512_p8": _mqar(512, 8), "mqar_k64_p4": _mqar(64, 4)}
+
+
+def hybrid_mqar_probe(c, arg: str) -> None:
+    """Whether RoPE attention fits MQAR at this grid's CPU budget as the vocabulary, the pairs and the filler
+    change (hybrid_quick's MQAR, 64 keys and 8 pairs, did not fit in 4000 steps): hybrid_quick's model and
+    optimizer, 2000 steps, one seed; evaluated at the trained size and 2x."""
+    hybrid_quick(c, arg)
+    c.base.train.steps = 2000
+    c.variants = default.fields({**c.variants.to_dict(), **MQAR_PROBES})
+    c.grid = common.grid(tasks=tuple(MQAR_PROBES), positions=("rope",), seeds=(0,))
+
+
+TEXT_LONG_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def hybrid_text_long(c, arg: str) -> None:
+    """hybrid_quick's text cells evaluated to 128L (4096 tokens), past DeciMamba's 25x, for the arms whose
+    verdicts hang on the ratio: RoPE, NoPE, the NoPE hybrids and the all-recurrent models. Trained exactly
+    as hybrid_quick's text cells (the same runs: copy them into the workdir to evaluate without training)."""
+    hybrid_quick(c, arg)
+    text = {**tasks()["text"], "eval.lengths": tuple(f * TEXT_LENGTH for f in TEXT_LONG_FACTORS)}
+    c.variants = default.fields({**c.variants.to_dict(), "text": text})
+    c.grid = common.grid(tasks=("text",), positions=("rope", "nope", "gdn_nope", "mamba2_nope", "gdn_only",
+                                                      "mamba2_only"), seeds=(0, 1, 2), vmap_seeds=True)
+
+
+GRIDS = {"hybrid_quick": hybrid_quick, "hybrid_state": hybrid_state, "hybrid_mqar_probe": hybrid_mqar_probe,
+         "hybrid_text_long": hybrid_text_long}
