@@ -37,6 +37,11 @@ TARGET = 0.9
 MIN_POINTS = 3  # seed values a trend needs (two parameters and a dispersion)
 
 
+
+def _sigmoid(e):
+    """1 / (1 + exp(-e)) without overflow in the far tails (tanh saturates where exp would reach inf)."""
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(e, dtype=float)))
+
 def ladder_points(rows, size: int | None = None) -> dict:
     """``{"size", "metric", "labels": {label: {budget: {seed: value}}}}`` at problem size ``size``.
 
@@ -96,7 +101,7 @@ def fit_logistic(x, y, *, target: float = TARGET) -> dict:
     beta[0] = math.log((y.mean() + 1e-3) / (1 - y.mean() + 1e-3))
     for _ in range(100):  # IRLS: Newton's method for the binomial log-likelihood
         eta = X @ beta
-        p = 1 / (1 + np.exp(-eta))
+        p = _sigmoid(eta)
         w = np.clip(p * (1 - p), 1e-9, None)
         step = np.linalg.lstsq(X * np.sqrt(w)[:, None], (y - p) / np.sqrt(w), rcond=None)[0]
         beta = beta + step
@@ -105,7 +110,7 @@ def fit_logistic(x, y, *, target: float = TARGET) -> dict:
     if not np.all(np.isfinite(beta)) or np.max(np.abs(beta)) > 1e3:
         out["why"] = "the values separate completely: the logistic slope is not identified"
         return out
-    p = 1 / (1 + np.exp(-(X @ beta)))
+    p = _sigmoid(X @ beta)
     w = np.clip(p * (1 - p), 1e-9, None)
     df = x.size - 2
     dispersion = max(float(np.sum((y - p) ** 2 / w) / df), 1e-12) if df > 0 else 1.0
@@ -218,10 +223,8 @@ def plot_ladder(rows, path: str, size: int | None = None, *, target: float = TAR
             X = np.stack([np.ones_like(xs), xs], axis=1)
             eta = X @ np.array([lg["a"], lg["b"]])
             se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", X, lg["cov"], X), 0.0))
-            sig = lambda e: 1 / (1 + np.exp(-e))  # noqa: E731
-            with np.errstate(over="ignore"):  # exp of a steep trend's far tail: inf, so the band is 0 there
-                ax.plot(10 ** xs, sig(eta), "--", color=color, lw=1)
-                ax.fill_between(10 ** xs, sig(eta - 1.96 * se), sig(eta + 1.96 * se), color=color, alpha=0.12)
+            ax.plot(10 ** xs, _sigmoid(eta), "--", color=color, lw=1)
+            ax.fill_between(10 ** xs, _sigmoid(eta - 1.96 * se), _sigmoid(eta + 1.96 * se), color=color, alpha=0.12)
     ax.axhline(target, color="gray", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_ylim(-0.03, 1.03)
