@@ -30,7 +30,8 @@ def test_hybrid_state_ladder_shrinks_the_state_and_keeps_the_rest():
     for arm in ("rope", "gdn_only", "mamba2_only"):  # the same runs as hybrid_quick's copy cells
         assert points[f"copy_{arm}_rms-pre_s1"].hash == quick[f"copy_{arm}_rms-pre_s1"].hash
     for name, numbers in (("gdn_only_state64", 64), ("gdn_only_state4", 4), ("mamba2_only_state128", 128),
-                          ("mamba2_only_state4", 4), ("gdn_nope_state4", 4)):
+                          ("mamba2_only_state4", 4), ("gdn_nope_state4", 4), ("mamba2_only_n1_state128", 128),
+                          ("gdn_only_dk2_state128", 128)):
         run = points[f"copy_{name}_rms-pre_s0"]
         rec = run.config.model.recurrent
         if "mamba2" in name:
@@ -39,6 +40,8 @@ def test_hybrid_state_ladder_shrinks_the_state_and_keeps_the_rest():
         else:
             g = rec.gated_deltanet
             assert g.num_value_heads * g.key_head_dim * g.value_head_dim == numbers
+        if name.endswith("_state128") and "_n1" in name:
+            assert rec.mamba2.num_heads * rec.mamba2.head_dim == 128  # the default width, the state shrunk
         base = run.config.model
         assert (base.d_model, base.num_layers, run.config.train.steps) == (64, 4, 4000)
     assert points["copy_gdn_nope_state4_rms-pre_s0"].config.model.layer_types[-1] == "attention"

@@ -69,10 +69,11 @@ def hybrid_quick(c, arg: str) -> None:
     c.findings = "sizes"
 
 
-def _gdn_state(heads: int, dim: int) -> dict:
-    return {"model.recurrent.gated_deltanet.num_key_heads": heads,
+def _gdn_state(heads: int, dim: int, value_dim: int | None = None, key_heads: int | None = None) -> dict:
+    return {"model.recurrent.gated_deltanet.num_key_heads": key_heads or heads,
             "model.recurrent.gated_deltanet.num_value_heads": heads,
-            "model.recurrent.gated_deltanet.key_head_dim": dim, "model.recurrent.gated_deltanet.value_head_dim": dim}
+            "model.recurrent.gated_deltanet.key_head_dim": dim,
+            "model.recurrent.gated_deltanet.value_head_dim": value_dim or dim}
 
 
 def _mamba2_state(heads: int, head_dim: int, state: int) -> dict:
@@ -80,13 +81,19 @@ def _mamba2_state(heads: int, head_dim: int, state: int) -> dict:
             "model.recurrent.mamba2.state_size": state}
 
 
-# The recurrent state per layer (numbers): Gated DeltaNet Hv x Dk x Dv, Mamba-2 H x P x N.
+# The recurrent state per layer (numbers): Gated DeltaNet Hv x Dk x Dv, Mamba-2 H x P x N. The
+# stateN arms narrow the layer with its state (a Gated DeltaNet's state is its heads' key x value
+# width); the _n and _dk arms shrink the state at the default width (Mamba-2's N; Gated DeltaNet's
+# key dimension, values kept 4 heads of 16).
 STATE_LADDER = {
     **{f"gdn_only_state{h * d * d}": {**HYBRID_ARMS["gdn_only"], **_gdn_state(h, d)}
        for h, d in ((1, 8), (1, 4), (1, 2))},
     **{f"mamba2_only_state{h * p * n}": {**HYBRID_ARMS["mamba2_only"], **_mamba2_state(h, p, n)}
        for h, p, n in ((2, 8, 8), (1, 4, 4), (1, 2, 2))},
     "gdn_nope_state4": {**HYBRID_ARMS["gdn_nope"], **_gdn_state(1, 2)},
+    "mamba2_only_n4_state512": {**HYBRID_ARMS["mamba2_only"], **_mamba2_state(8, 16, 4)},
+    "mamba2_only_n1_state128": {**HYBRID_ARMS["mamba2_only"], **_mamba2_state(8, 16, 1)},
+    "gdn_only_dk2_state128": {**HYBRID_ARMS["gdn_only"], **_gdn_state(4, 2, value_dim=16, key_heads=2)},
 }
 
 
