@@ -2,6 +2,8 @@
 
     python -m benchmarks.hybrid_speed --rounds 3
     python -m benchmarks.hybrid_speed --parts train --train_length 512 --batch 2    # a quick check
+    python -m benchmarks.hybrid_speed --parts train --train_length 293 --batch 32 --d_model 64 \
+        --mamba2_chunk 32 --gdn_chunk 32     # the scans' chunk (the result does not depend on it)
 
 The models (case R's, benchmarks/cases.py: 4 heads, vocab 256, LayerNorm pre-norm, GELU MLP, rope in the
 attention layers; the recurrent layers keep posenc.model.recurrent_options' default sizes):
@@ -57,7 +59,7 @@ def layer_types(name: str) -> tuple[str, ...]:
     return (kind,) if shape == "only" else (kind, kind, kind, "attention")
 
 
-def config(name: str, *, d_model: int, layers: int, length: int, batch: int):
+def config(name: str, *, d_model: int, layers: int, length: int, batch: int, chunks: dict | None = None):
     from benchmarks import cases, workload
     from posenc.config import overrides
     from posenc.training import schema
@@ -65,8 +67,21 @@ def config(name: str, *, d_model: int, layers: int, length: int, batch: int):
     c = workload.config_for(cases.get_config("R"), "rope")
     with c.unlocked():
         overrides.apply(c, {"model.d_model": d_model, "model.num_layers": layers, "task.train_length": length,
-                            "train.batch_size": batch, "model.layer_types": layer_types(name)}, schema=schema.Run)
+                            "train.batch_size": batch, "model.layer_types": layer_types(name),
+                            **(chunks or {})}, schema=schema.Run)
     return c
+
+
+def chunk_overrides(args, name: str | None = None) -> dict:
+    """``--mamba2_chunk`` / ``--gdn_chunk`` as config fields (0: the option's default), for the kinds of
+    model ``name`` (None: both; a model without the kind refuses its options)."""
+    kinds = set(layer_types(name)) if name else {"mamba2", "gated_deltanet"}
+    out = {}
+    if args.mamba2_chunk and "mamba2" in kinds:
+        out["model.recurrent.mamba2.chunk_size"] = args.mamba2_chunk
+    if args.gdn_chunk and "gated_deltanet" in kinds:
+        out["model.recurrent.gated_deltanet.chunk_size"] = args.gdn_chunk
+    return out
 
 
 def machine() -> dict:
@@ -86,7 +101,8 @@ def train_part(args) -> None:
     k = args.steps
 
     def trainer(name):
-        c = config(name, d_model=args.d_model, layers=args.layers, length=args.train_length, batch=args.batch)
+        c = config(name, d_model=args.d_model, layers=args.layers, length=args.train_length, batch=args.batch,
+                   chunks=chunk_overrides(args, name))
         fn = step_lib.train_chunk_fn(workload.train_spec(c), k)
         _, graphdef, state = workload.fresh_state(c)
         box = {"state": state, "t": 0}
@@ -122,7 +138,8 @@ def train_part(args) -> None:
         ratio = statistics.median(ratios)
         parts.append(f"{name} / attention {ratio:.3f} ({', '.join(f'{x:.3f}' for x in ratios)}): "
                      f"{'HOLDS' if ratio >= 0.5 else 'MISSED'}")
-    print(f"train (L {args.train_length}, batch {args.batch}, d_model {args.d_model}, {args.layers} layers) "
+    chunks = "".join(f", {k.split('.')[2]} chunk {v}" for k, v in chunk_overrides(args).items())
+    print(f"train (L {args.train_length}, batch {args.batch}, d_model {args.d_model}, {args.layers} layers{chunks}) "
           "tokens/s median: " + ", ".join(f"{n} {v:,.0f}" for n, v in med.items())
           + "; target hybrid >= 0.5 x attention: " + "; ".join(parts), flush=True)
 
@@ -271,6 +288,10 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--train_length", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--mamba2_chunk", type=int, default=0,
+                        help="the Mamba-2 SSD scan's chunk (training); 0: its default (256)")
+    parser.add_argument("--gdn_chunk", type=int, default=0,
+                        help="the gated delta rule's chunk (training); 0: its default (64)")
     parser.add_argument("--decode_d_model", type=int, default=128)
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     parser.add_argument("--decode_models", nargs="+", default=list(DECODE_MODELS), choices=DECODE_MODELS)
