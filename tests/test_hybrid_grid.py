@@ -66,3 +66,13 @@ def test_hybrid_text_long_evaluates_hybrid_quicks_text_runs_further():
     for name, run in long.items():
         assert run.hash == quick[name].hash  # the same training: copied runs evaluate without training
     assert long["text_mamba2_only_rms-pre_s0"].config.eval.lengths[-1] == 128 * hybrid.TEXT_LENGTH
+
+
+def test_hybrid_passkey_chunks_only_the_recurrent_arms():
+    runs = {p.name: p.run for p in grid_points(compare.get_config("hybrid_passkey"))}
+    assert len(runs) == (len(hybrid.HYBRID_ARMS) + 1) * 3
+    quick = {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick")) if p.name.startswith("passkey_")}
+    assert runs["passkey_rope_rms-pre_s0"].hash == quick["passkey_rope_rms-pre_s0"].hash  # attention unchanged
+    assert runs["passkey_mamba2_nope_rms-pre_s0"].config.model.recurrent.mamba2.chunk_size == 32
+    assert runs["passkey_gdn_only_rms-pre_s0"].config.model.recurrent.gated_deltanet.chunk_size == 32
+    assert runs["passkey_gdn_only_rms-pre_s0"].hash != quick["passkey_gdn_only_rms-pre_s0"].hash

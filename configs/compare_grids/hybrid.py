@@ -128,6 +128,21 @@ def hybrid_mqar_probe(c, arg: str) -> None:
     c.grid = common.grid(tasks=tuple(MQAR_PROBES), positions=("rope",), seeds=(0,))
 
 
+CPU_CHUNKS = {"mamba2": 32, "gated_deltanet": 32}  # docs/performance.md: the scans' chunk on 2 CPU cores
+
+
+def hybrid_passkey(c, arg: str) -> None:
+    """hybrid_quick's passkey cells with the recurrent scans in chunks of 32 (the defaults, 256 and 64, make
+    the recurrent arms 1.5-3.4x slower at 293 tokens on a CPU; the chunk changes only the rounding)."""
+    hybrid_quick(c, arg)
+    variants = c.variants.to_dict()
+    for arm, fields in HYBRID_ARMS.items():
+        kinds = set(fields.get("model.layer_types", ())) & set(CPU_CHUNKS)
+        variants[arm] = {**fields, **{f"model.recurrent.{k}.chunk_size": CPU_CHUNKS[k] for k in sorted(kinds)}}
+    c.variants = default.fields(variants)
+    c.grid = common.grid(tasks=("passkey",), positions=(*HYBRID_ARMS, "swan"), seeds=(0, 1, 2), vmap_seeds=True)
+
+
 TEXT_LONG_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -143,4 +158,4 @@ def hybrid_text_long(c, arg: str) -> None:
 
 
 GRIDS = {"hybrid_quick": hybrid_quick, "hybrid_state": hybrid_state, "hybrid_mqar_probe": hybrid_mqar_probe,
-         "hybrid_text_long": hybrid_text_long}
+         "hybrid_text_long": hybrid_text_long, "hybrid_passkey": hybrid_passkey}
