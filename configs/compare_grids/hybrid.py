@@ -17,6 +17,10 @@ RoPE on a quarter of each head. The recurrent layers keep their default state si
 (posenc.model.recurrent_options: Mamba-2 expand 2, heads of 16 channels, state 16 per head; Gated
 DeltaNet 2 key heads and 4 value heads of 16); ``--config.variants.<arm>.model.recurrent...`` resizes
 them for a state-size ladder.
+
+Beside it: ``hybrid_state`` (that ladder on copy), ``hybrid_text_long`` (the text runs evaluated to
+128L), ``hybrid_mqar_probe`` (whether RoPE fits MQAR at this budget) and ``hybrid_passkey`` (the
+passkey cells with the scans' chunks sized for a CPU). Findings: docs/results_hybrid.md.
 """
 
 from __future__ import annotations
@@ -147,7 +151,8 @@ TEXT_LONG_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def hybrid_text_long(c, arg: str) -> None:
-    """hybrid_quick's text cells evaluated to 128L (4096 tokens), past DeciMamba's 25x, for the arms whose
+    """hybrid_quick's text cells evaluated to 128L (4096 tokens), past the 7x-16x where Mamba fails in
+    DeciMamba (arXiv 2406.14528, Fig. 1 and its passkey grid), for the arms whose
     verdicts hang on the ratio: RoPE, NoPE, the NoPE hybrids and the all-recurrent models. Trained exactly
     as hybrid_quick's text cells (the same runs: copy them into the workdir to evaluate without training)."""
     hybrid_quick(c, arg)

@@ -37,10 +37,10 @@ TARGET = 0.9
 MIN_POINTS = 3  # seed values a trend needs (two parameters and a dispersion)
 
 
-
 def _sigmoid(e):
     """1 / (1 + exp(-e)) without overflow in the far tails (tanh saturates where exp would reach inf)."""
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(e, dtype=float)))
+
 
 def ladder_points(rows, size: int | None = None) -> dict:
     """``{"size", "metric", "labels": {label: {budget: {seed: value}}}}`` at problem size ``size``.
