@@ -24,3 +24,18 @@ import plugin_encodings  # noqa: E402,F401  (registers the test plugin encoding)
 from posenc.training.compile_cache import default_cache_dir, enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache(default_cache_dir())
+
+
+import signal  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test (KeyboardInterrupt), whatever the suite started with: a
+    suite started in the background by a non-interactive shell inherits SIGINT ignored, and then a
+    signal sent to the process, or ``_thread.interrupt_main``, does nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

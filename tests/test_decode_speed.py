@@ -72,6 +72,7 @@ def _fake_bar(events, interrupt_after=None):
     return Bar
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_acts_between_segments(monkeypatch):
     """The steps run in compiled segments of about Schedule.segment_seconds with the loop state carried
     between calls: a KeyboardInterrupt acts at the end of the running segment, not of the length."""

@@ -264,6 +264,7 @@ class CtrlC(Recorder):
 
 
 @pytest.mark.parametrize("at,stop", [(4, 5), (3, 4), (0, 1)])
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_checkpoints_the_step_the_call_reached_then_stops(at, stop):
     sched = steploop.Schedule(steps=11, end=11, log_every=4, checkpoint_every=6, per_call=1)
     rec = CtrlC(at)
@@ -277,6 +278,7 @@ def test_ctrl_c_checkpoints_the_step_the_call_reached_then_stops(at, stop):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_then_rerun_gives_the_uninterrupted_run_bit_for_bit(one_per_call, tmp_path, monkeypatch):
     ref_dir, ref_rows = one_per_call
     real = loop._Trainer.steps
