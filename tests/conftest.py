@@ -1,10 +1,12 @@
 """Shared test settings: small, deterministic, CPU-friendly."""
 
 import os
+import signal
 
 # Keep XLA from grabbing every core per test process and from preallocating.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
@@ -24,11 +26,6 @@ import plugin_encodings  # noqa: E402,F401  (registers the test plugin encoding)
 from posenc.training.compile_cache import default_cache_dir, enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache(default_cache_dir())
-
-
-import signal  # noqa: E402
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture

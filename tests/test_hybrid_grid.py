@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import grid_points
 from posenc.configs import compare
 from posenc.configs.compare_grids import hybrid
@@ -22,13 +24,18 @@ def test_hybrid_quick_has_every_arm_on_every_task_with_three_seeds():
     assert text.run.config.eval.lengths == (32, 64, 128, 256, 512)
 
 
-def test_hybrid_state_ladder_shrinks_the_state_and_keeps_the_rest():
+@pytest.fixture(scope="module")
+def quick_runs():
+    """hybrid_quick's runs by point name (expanded once for the tests that compare another grid's runs)."""
+    return {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick"))}
+
+
+def test_hybrid_state_ladder_shrinks_the_state_and_keeps_the_rest(quick_runs):
     c = compare.get_config("hybrid_state")
     points = {p.name: p.run for p in grid_points(c)}
     assert len(points) == (3 + len(hybrid.STATE_LADDER)) * 3 and c.grid.tasks == ("copy",)
-    quick = {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick")) if p.name.startswith("copy_")}
     for arm in ("rope", "gdn_only", "mamba2_only"):  # the same runs as hybrid_quick's copy cells
-        assert points[f"copy_{arm}_rms-pre_s1"].hash == quick[f"copy_{arm}_rms-pre_s1"].hash
+        assert points[f"copy_{arm}_rms-pre_s1"].hash == quick_runs[f"copy_{arm}_rms-pre_s1"].hash
     for name, numbers in (("gdn_only_state64", 64), ("gdn_only_state4", 4), ("mamba2_only_state128", 128),
                           ("mamba2_only_state4", 4), ("gdn_nope_state4", 4), ("mamba2_only_n1_state128", 128),
                           ("gdn_only_dk2_state128", 128)):
@@ -40,7 +47,7 @@ def test_hybrid_state_ladder_shrinks_the_state_and_keeps_the_rest():
         else:
             g = rec.gated_deltanet
             assert g.num_value_heads * g.key_head_dim * g.value_head_dim == numbers
-        if name.endswith("_state128") and "_n1" in name:
+        if name == "mamba2_only_n1_state128":
             assert rec.mamba2.num_heads * rec.mamba2.head_dim == 128  # the default width, the state shrunk
         base = run.config.model
         assert (base.d_model, base.num_layers, run.config.train.steps) == (64, 4, 4000)
@@ -59,20 +66,18 @@ def test_hybrid_mqar_probe_sizes_each_variant_by_its_own_vocabulary():
     assert all(r.config.train.steps == 2000 for r in runs.values())
 
 
-def test_hybrid_text_long_evaluates_hybrid_quicks_text_runs_further():
+def test_hybrid_text_long_evaluates_hybrid_quicks_text_runs_further(quick_runs):
     long = {p.name: p.run for p in grid_points(compare.get_config("hybrid_text_long"))}
-    quick = {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick")) if p.name.startswith("text_")}
     assert len(long) == 6 * 3
     for name, run in long.items():
-        assert run.hash == quick[name].hash  # the same training: copied runs evaluate without training
+        assert run.hash == quick_runs[name].hash  # the same training: copied runs evaluate without training
     assert long["text_mamba2_only_rms-pre_s0"].config.eval.lengths[-1] == 128 * hybrid.TEXT_LENGTH
 
 
-def test_hybrid_passkey_chunks_only_the_recurrent_arms():
+def test_hybrid_passkey_chunks_only_the_recurrent_arms(quick_runs):
     runs = {p.name: p.run for p in grid_points(compare.get_config("hybrid_passkey"))}
     assert len(runs) == (len(hybrid.HYBRID_ARMS) + 1) * 3
-    quick = {p.name: p.run for p in grid_points(compare.get_config("hybrid_quick")) if p.name.startswith("passkey_")}
-    assert runs["passkey_rope_rms-pre_s0"].hash == quick["passkey_rope_rms-pre_s0"].hash  # attention unchanged
+    assert runs["passkey_rope_rms-pre_s0"].hash == quick_runs["passkey_rope_rms-pre_s0"].hash  # attention unchanged
     assert runs["passkey_mamba2_nope_rms-pre_s0"].config.model.recurrent.mamba2.chunk_size == 32
     assert runs["passkey_gdn_only_rms-pre_s0"].config.model.recurrent.gated_deltanet.chunk_size == 32
-    assert runs["passkey_gdn_only_rms-pre_s0"].hash != quick["passkey_gdn_only_rms-pre_s0"].hash
+    assert runs["passkey_gdn_only_rms-pre_s0"].hash != quick_runs["passkey_gdn_only_rms-pre_s0"].hash
