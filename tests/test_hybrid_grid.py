@@ -81,3 +81,21 @@ def test_hybrid_passkey_chunks_only_the_recurrent_arms(quick_runs):
     assert runs["passkey_mamba2_nope_rms-pre_s0"].config.model.recurrent.mamba2.chunk_size == 32
     assert runs["passkey_gdn_only_rms-pre_s0"].config.model.recurrent.gated_deltanet.chunk_size == 32
     assert runs["passkey_gdn_only_rms-pre_s0"].hash != quick_runs["passkey_gdn_only_rms-pre_s0"].hash
+
+
+def test_hybrid_mqar_is_zoologys_figure2_budget_per_learning_rate():
+    c = compare.get_config("hybrid_mqar")
+    runs = {p.name: p.run for p in grid_points(c)}
+    assert len(runs) == len(hybrid.ZOOLOGY_DEFAULT_RATES) * (len(hybrid.HYBRID_ARMS) + 1) * 3
+    run = runs["mqar_lr2.2e-3_gdn_nope_rms-pre_s0"]
+    task = run.task
+    assert (task.keys, task.values, task.slots, task.random_non_queries) == (4096, 4096, 7, False)
+    assert task.vocab_size > 8192  # Zoology's 8,192 keys and values, and the special tokens
+    assert run.config.task.train_length == 129 and run.config.eval.lengths == (129, 257, 513)  # 8, 16, 32 pairs
+    train = run.config.train
+    assert (train.batch_size, train.dataset_size, train.steps) == (512, 100_000, 64 * 196)  # 64 epochs
+    assert train.learning_rate == 2.15e-3 and run.config.model.d_model == 128
+    assert run.config.model.layer_types[-1] == "attention"
+    c.grid.tasks = tuple(hybrid.ZOOLOGY_LEARNING_RATES)  # the sweep's ends run on demand
+    rates = {p.run.config.train.learning_rate for p in grid_points(c) if p.name.endswith("rope_rms-pre_s0")}
+    assert rates == set(hybrid.ZOOLOGY_LEARNING_RATES.values())
