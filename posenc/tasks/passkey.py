@@ -16,7 +16,7 @@ we go. There and back again." repeated with single spaces; the key is
 uniform in [1, 50000] (written without leading zeros, 1 to 5 digits); its
 digits after the final "is " are the answer tokens. Size n is the number
 of filler characters (the original's ``n_garbage``), so
-``seq_len(n) = n + 356`` at most (5-digit keys; shorter keys end earlier,
+``seq_len(n) = n + 253`` at most (5-digit keys; shorter keys end earlier,
 padded).
 
 Depth: ``n_prefix`` is uniform in ``[0, n]`` as in the original
