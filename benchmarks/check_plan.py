@@ -139,6 +139,11 @@ def stages(args) -> list[dict]:
 
 def main(args) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from posenc.training import backends
+
+    backends.cpu_only_without_accelerators()  # the host step it measures: no libtpu start-up errors on a CPU
     rows = stages(args)
     for r in rows:
         print(json.dumps({"check": "plan", **r}))
