@@ -90,6 +90,11 @@ def stages(args) -> list[dict]:
     g_steps = int(g.bench.steps) + int(g.bench.warmup)
     from posenc import studies
     from posenc.studies import engine
+    from posenc.training import backends
+
+    # before expanding the grid (resolving a spec asks jax for its backend): only the CPU backend on a
+    # host without an accelerator, as posenc's commands do, so no libtpu start-up errors
+    backends.cpu_only_without_accelerators()
 
     add = _config(ADDITION)
     base = engine.expand(studies.study("compare"), add)[1][0].run.config  # its first arm's run
@@ -139,11 +144,6 @@ def stages(args) -> list[dict]:
 
 def main(args) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    from posenc.training import backends
-
-    backends.cpu_only_without_accelerators()  # the host step it measures: no libtpu start-up errors on a CPU
     rows = stages(args)
     for r in rows:
         print(json.dumps({"check": "plan", **r}))
