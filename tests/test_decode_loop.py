@@ -75,14 +75,18 @@ def test_teacher_forced_argmax_equals_decoded_tokens_when_the_model_is_right():
 
 def reference_predictions(model, inputs, mask):
     """Python loop: prompt up to the first answer target, then feed the prediction where the
-    input is an answer token, the given token elsewhere; one full forward per position."""
+    input is an answer token, the given token elsewhere; one full forward per position, of the
+    whole row with the tokens not yet fed left as given (the model is causal: position t's logits
+    see tokens 0..t only), so that every forward is one compiled program."""
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
     pred = np.zeros(inputs.shape, np.int64)
     for b in range(inputs.shape[0]):
-        fed = list(inputs[b])
+        fed = np.array(inputs[b])
         for t in range(inputs.shape[1]):
             if t > 0 and mask[b, t - 1] > 0:
                 fed[t] = pred[b, t - 1]
-            pred[b, t] = int(jnp.argmax(model(jnp.asarray([fed[:t + 1]]))[0, -1]))
+            pred[b, t] = int(jnp.argmax(forward(state, jnp.asarray(fed[None]))[0, t]))
     return pred
 
 
