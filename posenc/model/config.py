@@ -13,6 +13,8 @@ and adds the cross-field rules.
 
 from __future__ import annotations
 
+import weakref
+
 import ml_collections
 
 from posenc import checks
@@ -32,6 +34,8 @@ BIASES = ("none", "qkv", "attention", "all")
 DTYPES = ("auto", "float32", "bfloat16")
 SINKS = ("none", "learned", "zero")  # posenc.learned_sinks: a learned sink per head, or a fixed 0
 GATES = ("none", *gated.MODES)  # posenc.gated: the output gate's width per head
+# unit class -> {registered name: its options' Sub, or False without options}: built once per unit
+_UNIT_SECTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _named(check):
@@ -102,11 +106,15 @@ class Position(Section):
     def entries(cls):
         found = super().entries()
         for name, unit in sorted(registry.ENCODINGS.items()):
-            opts = options.options_of(unit)
-            if opts:
-                section = options_section(f"{unit.__name__}Options", opts,
-                                          f"model.position.{name}: options of {name}")
-                found[name] = Sub(section, f"options of the {name} encoding")
+            sub = _UNIT_SECTIONS.get(unit, {}).get(name)
+            if sub is None:
+                opts = options.options_of(unit)
+                sub = Sub(options_section(f"{unit.__name__}Options", opts,
+                                          f"model.position.{name}: options of {name}"),
+                          f"options of the {name} encoding") if opts else False
+                _UNIT_SECTIONS.setdefault(unit, {})[name] = sub
+            if sub:
+                found[name] = sub
         return found
 
 

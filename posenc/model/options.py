@@ -13,6 +13,8 @@ take every RoPE option).
 
 from __future__ import annotations
 
+import weakref
+
 import ml_collections
 
 from posenc.config import schema
@@ -22,14 +24,24 @@ from posenc.config.schema import Field
 Option = Field
 
 
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # class -> its options (read once)
+
+
 def options_of(cls) -> dict[str, Option]:
-    """Every Option of ``cls`` and its bases, by name (subclasses override bases)."""
-    found: dict[str, Option] = {}
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            if isinstance(value, Option):
-                found[name] = value
-    return found
+    """Every Option of ``cls`` and its bases, by name (subclasses override bases).
+
+    Options are declared when the class is made, so each class's are read once (config resolution
+    asks for them many thousands of times); the caller gets its own dict.
+    """
+    found = _FOUND.get(cls)
+    if found is None:
+        found = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, Option):
+                    found[name] = value
+        _FOUND[cls] = found
+    return dict(found)
 
 
 def section(cls) -> ml_collections.ConfigDict:
