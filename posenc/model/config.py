@@ -13,7 +13,7 @@ and adds the cross-field rules.
 
 from __future__ import annotations
 
-import weakref
+import functools
 
 import ml_collections
 
@@ -34,8 +34,6 @@ BIASES = ("none", "qkv", "attention", "all")
 DTYPES = ("auto", "float32", "bfloat16")
 SINKS = ("none", "learned", "zero")  # posenc.learned_sinks: a learned sink per head, or a fixed 0
 GATES = ("none", *gated.MODES)  # posenc.gated: the output gate's width per head
-# unit class -> {registered name: its options' Sub, or False without options}: built once per unit
-_UNIT_SECTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _named(check):
@@ -106,16 +104,20 @@ class Position(Section):
     def entries(cls):
         found = super().entries()
         for name, unit in sorted(registry.ENCODINGS.items()):
-            sub = _UNIT_SECTIONS.get(unit, {}).get(name)
-            if sub is None:
-                opts = options.options_of(unit)
-                sub = Sub(options_section(f"{unit.__name__}Options", opts,
-                                          f"model.position.{name}: options of {name}"),
-                          f"options of the {name} encoding") if opts else False
-                _UNIT_SECTIONS.setdefault(unit, {})[name] = sub
-            if sub:
+            sub = _options_sub(unit, name)
+            if sub is not None:
                 found[name] = sub
         return found
+
+
+@functools.cache
+def _options_sub(unit, name: str) -> Sub | None:
+    """The ``model.position.<name>`` section of ``unit``'s options (None without any), built once."""
+    opts = options.options_of(unit)
+    if not opts:
+        return None
+    return Sub(options_section(f"{unit.__name__}Options", opts, f"model.position.{name}: options of {name}"),
+               f"options of the {name} encoding")
 
 
 class Norm(Section):
