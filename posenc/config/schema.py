@@ -132,6 +132,40 @@ def _plain(value):
     return value
 
 
+class Values(dict):
+    """Validated values read as a ConfigDict is (``v.model.d_model``, ``v["norm"]``, ``v.get``,
+    ``v.to_dict()``), without building one: nested sections come back as Values. Read-only."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, key):
+        value = dict.__getitem__(self, key)
+        return Values(value) if isinstance(value, dict) and not isinstance(value, Values) else value
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def items(self):
+        return [(k, self[k]) for k in self]
+
+    def values(self):
+        return [self[k] for k in self]
+
+    def to_dict(self) -> dict:
+        return {k: v.to_dict() if isinstance(v, Values) else v for k, v in self.items()}
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("validated values are read-only")
+
+    __setitem__ = __delitem__ = __setattr__ = update = pop = setdefault = clear = _read_only  # type: ignore
+
+
 # --------------------------------------------------------------------------- entries
 class Field:
     """One config field: a default, a check and a line of documentation.

@@ -25,9 +25,8 @@ import dataclasses
 import math
 from typing import Any
 
-import ml_collections
-
 from posenc import checks
+from posenc.config import schema
 from posenc.model import config as config_lib
 from posenc.model import fused, mla_spec, moe_spec, norm_spec, position_spec, recurrent_spec, unit_rules
 from posenc.model import layout as layout_lib
@@ -122,7 +121,7 @@ class ModelSpec:
 def _spec(values, train_length) -> ModelSpec:
     # Every field's own check ran once, from its declaration (posenc.model.config.Model);
     # what follows are the rules that relate several fields.
-    cfg = ml_collections.ConfigDict(values.to_dict() if hasattr(values, "to_dict") else dict(values))
+    cfg = schema.Values(values.to_dict() if hasattr(values, "to_dict") else values)
     sizes = {n: int(cfg[n]) for n in ("vocab_size", "d_model", "num_layers", "num_heads", "attention_block")}
     bias, parallel = cfg.bias, bool(cfg.parallel_residual)
     if parallel and cfg.norm.placement != "pre":

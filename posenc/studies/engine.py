@@ -143,7 +143,7 @@ def validate(study_: Study, config):
     from posenc.training import prepare
 
     try:
-        return prepare.plain_copy(study_.schema.validate(prepare.plain_copy(config), ""))
+        return prepare.plain_copy(study_.schema.validate(prepare.plain_dict(config), ""))
     except ConfigError:
         raise
     except ValueError as e:

@@ -56,10 +56,14 @@ def _tuples(x):
     return x
 
 
+def plain_dict(config) -> dict:
+    """A deep copy of ``config`` (a ConfigDict or mapping) as JSON-plain dicts (lists become tuples)."""
+    return _tuples(json.loads(results.canonical_json(config.to_dict() if hasattr(config, "to_dict") else config)))
+
+
 def plain_copy(config) -> ml_collections.ConfigDict:
     """An unlocked deep copy of ``config`` with JSON-plain values (lists become tuples)."""
-    d = json.loads(results.canonical_json(config.to_dict() if hasattr(config, "to_dict") else config))
-    return ml_collections.ConfigDict(_tuples(d), allow_dotted_keys=True)
+    return ml_collections.ConfigDict(plain_dict(config), allow_dotted_keys=True)
 
 
 def _check_scored_text(task, config) -> None:
@@ -109,7 +113,7 @@ def _model_spec(config, where: str, *, validated: bool = False) -> ModelSpec:
 def _resolve(config) -> Resolved:
     # Every field of every section, from its declaration (posenc.training.schema): an unknown
     # field fails here however the config was built; missing fields take their defaults.
-    config = plain_copy(schema.validate(plain_copy(config)))
+    config = plain_copy(schema.validate(plain_dict(config)))
     task_spec = specs.TaskSpec.from_config(config)
     task = task_spec.make()
     largest = task.max_size(int(config.task.train_length))
