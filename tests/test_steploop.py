@@ -278,6 +278,46 @@ def test_ctrl_c_checkpoints_the_step_the_call_reached_then_stops(at, stop):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
 
 
+# A process that has had its first Ctrl-C, then gets a second while its main thread waits for a
+# compiled call of minutes (a Python handler would run only when the call returns).
+_SECOND_CTRL_C = """
+import os, signal, sys, threading
+import jax, jax.numpy as jnp
+from posenc.training import steploop
+
+@jax.jit
+def minutes(x):
+    return jax.lax.while_loop(lambda c: c[0] < 2**31 - 1, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x))[1]
+
+x = jnp.ones(4096)
+minutes.lower(x).compile()
+with steploop._CtrlC() as ctrl_c:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert ctrl_c.asked
+    print("asked", flush=True)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    jax.block_until_ready(minutes(x))
+print("the call returned", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_ends_the_process_inside_a_long_compiled_call():
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _SECOND_CTRL_C], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGINT, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert out.stdout.split() == ["asked"]  # ended inside the call
+    assert "Ctrl-C again to stop at once" in out.stderr
+    assert time.monotonic() - t0 < 60
+
+
 @pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_then_rerun_gives_the_uninterrupted_run_bit_for_bit(one_per_call, tmp_path, monkeypatch):
     ref_dir, ref_rows = one_per_call

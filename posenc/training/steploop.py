@@ -227,8 +227,13 @@ class Interrupted(KeyboardInterrupt):
 
 class _CtrlC:
     """SIGINT while training: the first asks the loop to checkpoint when the running call returns
-    (at most ``AUTO_MAX_CALL_SECONDS``; with "auto", about a second) and stop; a second one stops at
-    once (KeyboardInterrupt, the steps since the last checkpoint lost)."""
+    (at most ``AUTO_MAX_CALL_SECONDS``; with "auto", about a second) and stop; a second one ends the
+    process at once, the steps since the last checkpoint lost.
+
+    After the first, SIGINT takes its default action: a Python handler runs only between bytecodes
+    of the main thread, which may be waiting inside a compiled call for many seconds, while the
+    default action ends the process wherever it is. Nothing is lost but those steps: every write
+    is atomic, and the next start takes over the dead process's lock and resumes."""
 
     def __init__(self):
         self.asked, self._old = False, None
@@ -239,9 +244,8 @@ class _CtrlC:
         return self
 
     def _handler(self, signum, frame):
-        if self.asked:
-            raise KeyboardInterrupt
         self.asked = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         print("\ninterrupted: checkpointing when this call returns (Ctrl-C again to stop at once, "
               "losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
 
