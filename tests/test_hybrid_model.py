@@ -118,6 +118,29 @@ def test_parameter_layouts_follow_transformers():
     assert _shapes(par.mamba) == _shapes(m2)
 
 
+def test_the_delta_rules_start_as_their_official_training_code_does():
+    """fla.layers.GatedDeltaNet: A ~ U(0, 16), softplus(dt_bias) = dt ~ exp(U(log 1e-3, log 0.1)), so the
+    state remembers at initialisation (a decay exp(-A dt) per token, most of it above 0.5);
+    fla.layers.KimiDeltaAttention: A ~ U(1, 16), dt_bias 0."""
+    heads = 256
+    gdn = helpers.decoder("nope", num_layers=1, layer_types=("gated_deltanet",), recurrent=dict(
+        gated_deltanet=dict(num_key_heads=heads, num_value_heads=heads, key_head_dim=2, value_head_dim=2))
+                          ).blocks[0].attn
+    dt = np.log1p(np.exp(np.asarray(gdn.dt_bias[...], np.float64)))
+    a = np.exp(np.asarray(gdn.A_log[...], np.float64))
+    assert dt.shape == a.shape == (heads,)
+    assert 1e-3 <= dt.min() and dt.max() <= 0.1 + 1e-6
+    np.testing.assert_allclose(np.median(np.log(dt)), np.log(1e-2), atol=0.4)  # log-uniform
+    assert 0 <= a.min() and a.max() <= 16 and abs(np.median(a) - 8) < 1.5
+    decay = np.exp(-a * dt)  # at a = 0: the gate's input projection adds to dt_bias
+    assert np.median(decay) > 0.85 and np.mean(decay > 0.5) > 0.8
+    kda = helpers.decoder("nope", num_layers=1, layer_types=("kda",), recurrent=dict(
+        kda=dict(num_heads=heads, head_dim=2))).blocks[0].attn
+    a = np.exp(np.asarray(kda.A_log[...], np.float64))
+    assert 1 <= a.min() and a.max() <= 16 and abs(np.median(a) - 8.5) < 1.5
+    np.testing.assert_array_equal(np.asarray(kda.dt_bias[...]), 0.0)
+
+
 def test_the_qkvz_layout_groups_each_key_heads_queries_keys_values_and_gates():
     """Qwen3-Next's in_proj_qkvz / in_proj_ba, per key head [q | k | v (G heads) | z (G heads)] and
     [b (G) | a (G)], give the split projections' values once regrouped."""

@@ -135,15 +135,15 @@ def worker_four(out):
     report = {}
     # data parallel: single steps, then the same steps in one compiled call (bit-identical, sharded
     # alike); FSDP: the compiled chunk the loop runs (its single steps would only add a compile)
-    losses, state = _train_steps(_config(), PARITY_STEPS)
+    dp_losses, dp_state = _train_steps(_config(), PARITY_STEPS)
     chunk_losses, chunk_state = _train_chunk(_config(), PARITY_STEPS)
-    report["dp_chunk_identical"] = chunk_losses == losses and all(
-        np.array_equal(a, b) for a, b in zip(_leaves(state).values(), _leaves(chunk_state).values()))
+    report["dp_chunk_identical"] = chunk_losses == dp_losses and all(
+        np.array_equal(a, b) for a, b in zip(_leaves(dp_state).values(), _leaves(chunk_state).values()))
     report["dp_chunk_specs_same"] = all(
         str(a.sharding.spec) == str(b.sharding.spec)
-        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(chunk_state)))
+        for a, b in zip(jax.tree.leaves(dp_state), jax.tree.leaves(chunk_state)))
     fsdp_losses, fsdp_state = _train_chunk(_config(True), PARITY_STEPS)
-    for name, losses, state in (("dp", losses, state), ("fsdp", fsdp_losses, fsdp_state)):
+    for name, losses, state in (("dp", dp_losses, dp_state), ("fsdp", fsdp_losses, fsdp_state)):
         report[f"{name}_losses"] = losses
         np.savez(os.path.join(out, f"{name}.npz"), **_leaves(state))
         report[f"{name}_specs"] = {k: str(getattr(x.sharding, "spec", None))

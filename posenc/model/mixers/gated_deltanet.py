@@ -32,6 +32,7 @@ Cache state: ``conv`` [B, W - 1, 2 K + V] and ``ssm`` float32 [B, Hv, Dk, Dv]
 from __future__ import annotations
 
 import jax.numpy as jnp
+from flax import nnx
 
 from posenc.model.mixers import base
 from posenc.recurrent import gated_delta
@@ -60,8 +61,13 @@ class GatedDeltaNet(base.RecurrentMixer):
             self.in_proj_b = base.weight(rngs, D, D, Hv)
             self.in_proj_a = base.weight(rngs, D, D, Hv)
         self.conv = base.conv_weight(rngs, self.conv_dim, self.width)
-        self.dt_bias = base.constant(1.0, (Hv,))
-        self.A_log = base.log_uniform_a(rngs, Hv)
+        # the initialisation of the official training code (fla.layers.GatedDeltaNet, which Yang et
+        # al.'s repository builds on): A ~ U(0, 16), softplus(dt_bias) = Mamba-2's dt in [1e-3, 0.1],
+        # so that a head decays by exp(-A dt), about 0.92 a token at the medians. transformers'
+        # Qwen3-Next fills dt_bias with 1 (exp(-1.3 A): the state forgotten at every token); its
+        # layer serves checkpoints, which bring their own values.
+        self.A_log = base.log_uniform_a(rngs, Hv, low=0.0)
+        self.dt_bias = nnx.Param(base.time_step_bias(rngs.params(), Hv))
         self.norm = base.constant(1.0, (self.dv,))
         self.out_proj = base.out_weight(rngs, V, D, out_gain)
 

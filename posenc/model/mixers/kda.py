@@ -52,8 +52,10 @@ class KimiDeltaAttention(base.RecurrentMixer):
         self.forget_gate_down = base.weight(rngs, D, D, Dk)
         self.forget_gate_up = base.weight(rngs, Dk, Dk, K)
         self.beta_proj = base.weight(rngs, D, D, H)
+        # fla.layers.KimiDeltaAttention's initialisation (Kimi Linear's official code): A ~ U(1, 16),
+        # dt_bias 0
         self.A_log = base.log_uniform_a(rngs, H)
-        self.dt_bias = base.constant(1.0, (H, Dk))
+        self.dt_bias = base.constant(0.0, (H, Dk))
         self.output_gate_down = base.weight(rngs, D, D, Dk)
         self.output_gate_up = base.weight(rngs, Dk, Dk, K)
         self.o_norm = base.constant(1.0, (Dk,))
