@@ -230,9 +230,10 @@ class _CtrlC:
     (at most ``AUTO_MAX_CALL_SECONDS``; with "auto", about a second) and stop; a second one ends the
     process at once, the steps since the last checkpoint lost.
 
-    After the first, SIGINT takes its default action: a Python handler runs only between bytecodes
-    of the main thread, which may be waiting inside a compiled call for many seconds, while the
-    default action ends the process wherever it is. Nothing is lost but those steps: every write
+    After the first (seen, and its message printed, when the main thread next runs Python), SIGINT
+    takes its default action: a Python handler runs only between bytecodes of the main thread, which
+    may be waiting inside a compiled call for many seconds, while the default action ends the
+    process wherever it is. Nothing is lost but those steps: every write
     is atomic, and the next start takes over the dead process's lock and resumes."""
 
     def __init__(self):
