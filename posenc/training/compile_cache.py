@@ -40,20 +40,3 @@ def enable_compilation_cache(cache_dir: str | None) -> None:
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if _has_filelock():
-        # JAX writes an entry in place and, without a size limit, reads entries without a lock, so
-        # that a process could read an entry another was still writing (a torn executable crashed
-        # XLA's deserializer under two test workers). With a limit, one file lock orders every read
-        # and write of the directory.
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
-
-
-MAX_BYTES = 8 * 2**30  # the cache's size limit (least recently used entries go first)
-
-
-def _has_filelock() -> bool:
-    try:
-        import filelock  # noqa: F401
-    except ImportError:
-        return False
-    return True
